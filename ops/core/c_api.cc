@@ -1,0 +1,89 @@
+#include "c_api.h"
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "mpi_communicator.h"
+#include "runtime.h"
+#include "settings.h"
+
+namespace mlsl {
+namespace {
+
+// The one handle. Leaked on purpose: no static destructor may run after MPI_Finalize.
+struct Handle {
+  std::mutex mu;
+  std::shared_ptr<Runtime> runtime;
+};
+Handle& TheHandle() {
+  static Handle* h = new Handle;
+  return *h;
+}
+
+thread_local std::string t_last_error;
+
+int Fail(const std::string& message) {
+  t_last_error = message;
+  return -1;
+}
+
+void ShutdownAtExit() { mlsl_tf_shutdown(); }
+
+int Query(int (*get)(const Runtime&)) {
+  auto rt = CurrentRuntime();
+  if (!rt) return Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
+  return get(*rt);
+}
+
+}  // namespace
+
+std::shared_ptr<Runtime> CurrentRuntime() {
+  Handle& h = TheHandle();
+  std::lock_guard<std::mutex> lock(h.mu);
+  return h.runtime;
+}
+
+}  // namespace mlsl
+
+using mlsl::Runtime;
+
+extern "C" int mlsl_tf_init(void) {
+  mlsl::Handle& h = mlsl::TheHandle();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (h.runtime) return 0;  // init twice is harmless
+  std::unique_ptr<mlsl::Communicator> comm;
+  mlsl::Status s = mlsl::CreateMpiCommunicator(&comm);
+  if (!s.ok()) return mlsl::Fail(s.message());
+  static std::once_flag at_exit;
+  // Registered after MPI's finaliser, so it runs before it.
+  std::call_once(at_exit, [] { std::atexit(mlsl::ShutdownAtExit); });
+  h.runtime = std::make_shared<Runtime>(std::move(comm));
+  return 0;
+}
+
+extern "C" int mlsl_tf_shutdown(void) {
+  std::shared_ptr<Runtime> rt;
+  {
+    mlsl::Handle& h = mlsl::TheHandle();
+    std::lock_guard<std::mutex> lock(h.mu);
+    rt.swap(h.runtime);
+  }
+  if (rt) rt->Shutdown();
+  return 0;
+}
+
+extern "C" int mlsl_tf_is_initialized(void) { return mlsl::CurrentRuntime() ? 1 : 0; }
+extern "C" int mlsl_tf_rank(void) { return mlsl::Query([](const Runtime& r) { return r.rank(); }); }
+extern "C" int mlsl_tf_size(void) { return mlsl::Query([](const Runtime& r) { return r.size(); }); }
+extern "C" int mlsl_tf_local_rank(void) { return mlsl::Query([](const Runtime& r) { return r.topology().local_rank; }); }
+extern "C" int mlsl_tf_local_size(void) { return mlsl::Query([](const Runtime& r) { return r.topology().local_size; }); }
+extern "C" int mlsl_tf_cross_rank(void) { return mlsl::Query([](const Runtime& r) { return r.topology().cross_rank; }); }
+extern "C" int mlsl_tf_cross_size(void) { return mlsl::Query([](const Runtime& r) { return r.topology().cross_size; }); }
+extern "C" int mlsl_tf_mpi_threads_supported(void) { return mlsl::MpiThreadsSupported() ? 1 : 0; }
+extern "C" const char* mlsl_tf_last_error(void) { return mlsl::t_last_error.c_str(); }
+
+extern "C" int mlsl_tf_setting_count(void) { return int(mlsl::AllSettings().size()); }
+extern "C" const char* mlsl_tf_setting_name(int i) { return mlsl::AllSettings().at(i).name; }
+extern "C" const char* mlsl_tf_setting_default(int i) { return mlsl::AllSettings().at(i).default_value; }
+extern "C" const char* mlsl_tf_setting_doc(int i) { return mlsl::AllSettings().at(i).doc; }

@@ -1,0 +1,36 @@
+// The C API that Python (ctypes) calls, and the one place that holds the process's Runtime.
+// Functions return 0 on success and -1 on failure, with the message in mlsl_tf_last_error().
+#pragma once
+
+#include <memory>
+
+#ifdef __cplusplus
+namespace mlsl {
+class Runtime;
+// The current runtime, or null before init / after shutdown. Kernels hold the shared_ptr
+// while they submit, so shutdown never frees a runtime under them.
+std::shared_ptr<Runtime> CurrentRuntime();
+}  // namespace mlsl
+extern "C" {
+#endif
+
+int mlsl_tf_init(void);
+int mlsl_tf_shutdown(void);
+int mlsl_tf_is_initialized(void);
+int mlsl_tf_rank(void);
+int mlsl_tf_size(void);
+int mlsl_tf_local_rank(void);
+int mlsl_tf_local_size(void);
+int mlsl_tf_cross_rank(void);
+int mlsl_tf_cross_size(void);
+int mlsl_tf_mpi_threads_supported(void);
+const char* mlsl_tf_last_error(void);
+
+int mlsl_tf_setting_count(void);
+const char* mlsl_tf_setting_name(int i);
+const char* mlsl_tf_setting_default(int i);
+const char* mlsl_tf_setting_doc(int i);
+
+#ifdef __cplusplus
+}
+#endif

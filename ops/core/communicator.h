@@ -1,0 +1,56 @@
+// Communicator: the transport interface the runtime is written against. Algorithms above it
+// never see MPI. Every operation is nonblocking: it returns a PendingOp that the caller drives
+// with Test() until it reports done; buffers must stay valid until then. All ranks must start
+// the same operations in the same order (the runtime's agreed queue guarantees that).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "status.h"
+#include "types.h"
+
+namespace mlsl {
+
+class PendingOp {
+ public:
+  virtual ~PendingOp() = default;
+  // Makes progress; sets *done when the operation has finished. A non-ok Status is final.
+  virtual Status Test(bool* done) = 0;
+};
+
+// Where this process sits among the machines (Horovod's local_* / cross_* numbers).
+struct Topology {
+  int local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual Topology topology() const = 0;
+
+  // In place: buf (count elements) becomes the reduction over all ranks.
+  virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;
+  // In place bitwise AND of `count` 64-bit words; the runtime's readiness bitset.
+  virtual std::unique_ptr<PendingOp> BitAnd(uint64_t* words, int64_t count) = 0;
+  // recv = concatenation, in rank order, of bytes[r] bytes from each rank r (send holds bytes[rank]).
+  virtual std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) = 0;
+  // buf (bytes long) of `root` is copied to every rank's buf.
+  virtual std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) = 0;
+  // send is cut into send_bytes[r] slices for rank r (in order); recv receives recv_bytes[r] from rank r.
+  virtual std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
+                                               void* recv, const std::vector<int64_t>& recv_bytes) = 0;
+  // send holds sum(counts) elements; this rank receives the reduction of slice `rank` (counts[rank] elements).
+  virtual std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                                   DataType dtype, ReduceOp op) = 0;
+  virtual std::unique_ptr<PendingOp> Barrier() = 0;
+};
+
+// Drives op to completion, spinning briefly and then sleeping in short steps so a waiting
+// rank does not burn its core.
+Status Wait(PendingOp* op);
+
+}  // namespace mlsl

@@ -1,0 +1,96 @@
+#include "coordinator.h"
+
+#include <algorithm>
+
+namespace mlsl {
+
+void Coordinator::Announce(int rank, RequestMeta meta) {
+  auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.name == meta.name; });
+  if (it == pending_.end()) {
+    Pending p;
+    p.name = meta.name;
+    p.by_rank.resize(size_);
+    p.since = std::chrono::steady_clock::now();
+    pending_.push_back(std::move(p));
+    it = pending_.end() - 1;
+  }
+  // A name that already has an id is announced only when its metadata changed on that rank;
+  // ranks still holding the old cached id must announce too, so they can be compared.
+  if (!it->invalidated && ids_.count(meta.name)) {
+    it->invalidated = true;
+    early_.push_back(Decision{Decision::kInvalidate, meta.name, -1, ""});
+  }
+  it->by_rank[rank] = std::move(meta);
+}
+
+std::string Coordinator::Mismatch(const Pending& p, const std::vector<bool>& joined) const {
+  std::string err;
+  for (int r = 0; r < size_; ++r) {
+    if (p.by_rank[r] && !p.by_rank[r]->local_error.empty()) {
+      err += (err.empty() ? "" : "; ") + std::string("rank ") + std::to_string(r) + ": " + p.by_rank[r]->local_error;
+    }
+  }
+  if (!err.empty()) return err;
+  int first = -1;
+  for (int r = 0; r < size_; ++r) {
+    if (joined[r] || !p.by_rank[r]) continue;
+    if (first < 0) { first = r; continue; }
+    std::string diff = p.by_rank[first]->Difference(*p.by_rank[r]);
+    if (!diff.empty()) {
+      // "shape [2] vs [3]" -> "shape [2] on rank 0 vs [3] on rank 1"
+      size_t vs = diff.rfind(" vs ");
+      return diff.substr(0, vs) + " on rank " + std::to_string(first) + " vs" + diff.substr(vs + 3) + " on rank " +
+             std::to_string(r);
+    }
+  }
+  return "";
+}
+
+std::vector<Decision> Coordinator::Resolve(const std::vector<bool>& joined) {
+  std::vector<Decision> out;
+  out.swap(early_);
+  bool anyone_active = std::find(joined.begin(), joined.end(), false) != joined.end();
+  if (!anyone_active) return out;
+  for (auto it = pending_.begin(); it != pending_.end();) {
+    bool complete = true;
+    for (int r = 0; r < size_; ++r) complete = complete && (joined[r] || it->by_rank[r].has_value());
+    if (!complete) { ++it; continue; }
+    std::string err = Mismatch(*it, joined);
+    if (!err.empty()) {
+      const RequestMeta* any = nullptr;
+      for (auto& m : it->by_rank) if (m) { any = &*m; break; }
+      out.push_back(Decision{Decision::kError, it->name, -1,
+                             std::string("mlsl_tf: ") + OpTypeName(any->op) + " '" + it->name + "': " + err});
+    } else {
+      const RequestMeta* canonical = nullptr;
+      for (int r = 0; r < size_ && !canonical; ++r) if (!joined[r] && it->by_rank[r]) canonical = &*it->by_rank[r];
+      auto id = ids_.find(it->name);
+      int32_t value;
+      if (id == ids_.end()) {
+        value = int32_t(metas_.size());
+        ids_[it->name] = value;
+        metas_.push_back(*canonical);
+      } else {
+        value = id->second;
+        metas_[value] = *canonical;
+      }
+      out.push_back(Decision{Decision::kAgreed, it->name, value, ""});
+    }
+    it = pending_.erase(it);
+  }
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int>>> Coordinator::Stalled(std::chrono::seconds after) const {
+  std::vector<std::pair<std::string, std::vector<int>>> out;
+  auto now = std::chrono::steady_clock::now();
+  for (const Pending& p : pending_) {
+    if (now - p.since < after) continue;
+    std::vector<int> missing;
+    for (int r = 0; r < size_; ++r) if (!p.by_rank[r]) missing.push_back(r);
+    out.emplace_back(p.name, missing);
+  }
+  return out;
+}
+
+}  // namespace mlsl

@@ -1,0 +1,59 @@
+// Coordinator: turns every rank's announcements of new collective names into decisions --
+// an id when all ranks agree, an error naming the tensor, the field and the ranks when they
+// do not. Every rank runs an identical Coordinator over the same allgathered announcements,
+// so the verdict that rank 0 would broadcast is reached everywhere without a broadcast; ids
+// are therefore the same small integers on every rank.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "meta.h"
+
+namespace mlsl {
+
+struct Decision {
+  enum Kind { kAgreed, kError, kInvalidate } kind;
+  std::string name;
+  int32_t id = -1;           // kAgreed
+  std::string error;         // kError
+};
+
+class Coordinator {
+ public:
+  explicit Coordinator(int size) : size_(size) {}
+
+  // Records that `rank` has a request `meta` pending. May yield a kInvalidate decision (a
+  // name with an id was re-announced with different metadata: every rank must re-announce).
+  void Announce(int rank, RequestMeta meta);
+
+  // Decides every name that all ranks not in `joined` have announced, in announcement order.
+  std::vector<Decision> Resolve(const std::vector<bool>& joined);
+
+  // Names some but not all ranks announced more than `after` ago: (name, missing ranks).
+  std::vector<std::pair<std::string, std::vector<int>>> Stalled(std::chrono::seconds after) const;
+
+  const RequestMeta& meta(int32_t id) const { return metas_[id]; }
+  int32_t num_ids() const { return int32_t(metas_.size()); }
+
+ private:
+  struct Pending {
+    std::string name;
+    std::vector<std::optional<RequestMeta>> by_rank;
+    std::chrono::steady_clock::time_point since;
+    bool invalidated = false;
+  };
+  std::string Mismatch(const Pending& p, const std::vector<bool>& joined) const;
+
+  const int size_;
+  std::vector<Pending> pending_;           // in order of first announcement
+  std::map<std::string, int32_t> ids_;     // every name that was ever agreed
+  std::vector<RequestMeta> metas_;         // by id: the metadata last agreed
+  std::vector<Decision> early_;            // invalidations produced by Announce
+};
+
+}  // namespace mlsl

@@ -1,0 +1,207 @@
+#include "executor.h"
+
+#include <cstring>
+
+#include "reduce.h"
+
+namespace mlsl {
+namespace {
+
+Status Alloc(Request* r, int index, const Shape& shape, void** data) {
+  Status s = r->allocate_output(index, shape, data);
+  if (s.ok() && *data == nullptr && NumElements(shape) > 0) return Status::Internal("output allocation returned null");
+  return s;
+}
+
+double PostFactor(const RequestMeta& m, int size) {
+  return m.reduce_op == ReduceOp::kAverage ? m.postscale / size : m.postscale;
+}
+
+}  // namespace
+
+Status Executor::Execute(const RequestMeta& meta, Request* request, const std::vector<bool>& joined) {
+  switch (meta.op) {
+    case OpType::kAllreduce: return Allreduce(meta, request);
+    case OpType::kAllgather: return Allgather(meta, request);
+    case OpType::kBroadcast: return Broadcast(meta, request, joined);
+    case OpType::kAlltoall: return Alltoall(meta, request);
+    case OpType::kReducescatter: return Reducescatter(meta, request);
+    case OpType::kBarrier: {
+      auto op = comm_->Barrier();
+      return Wait(op.get());
+    }
+    case OpType::kJoin: break;
+  }
+  return Status::Internal("join is not executed as a collective");
+}
+
+Status Executor::GatherCounts(int64_t mine, std::vector<int64_t>* all) {
+  all->assign(comm_->size(), 0);
+  auto op = comm_->Allgatherv(&mine, all->data(), std::vector<int64_t>(comm_->size(), 8));
+  return Wait(op.get());
+}
+
+Status Executor::Allreduce(const RequestMeta& m, Request* r) {
+  const size_t esize = DataTypeSize(m.dtype);
+  int64_t total = 0;
+  for (const Shape& s : m.shapes) total += NumElements(s);
+  std::vector<void*> outs(m.shapes.size(), nullptr);
+  void* buf;
+  if (!r) {
+    scratch_.resize(total * esize);
+    buf = scratch_.data();
+    FillIdentity(buf, total, m.dtype, m.reduce_op);
+  } else {
+    for (size_t i = 0; i < m.shapes.size(); ++i) {
+      Status s = Alloc(r, int(i), m.shapes[i], &outs[i]);
+      if (!s.ok()) return s;
+    }
+    if (m.shapes.size() == 1) {
+      buf = outs[0];
+      if (buf != r->inputs[0].data && total) std::memcpy(buf, r->inputs[0].data, total * esize);
+    } else {
+      fusion_.resize(total * esize);
+      buf = fusion_.data();
+      char* p = fusion_.data();
+      for (size_t i = 0; i < m.shapes.size(); ++i) {
+        size_t bytes = NumElements(m.shapes[i]) * esize;
+        if (bytes) std::memcpy(p, r->inputs[i].data, bytes);
+        p += bytes;
+      }
+    }
+    ScaleInPlace(buf, total, m.dtype, m.prescale);
+  }
+  auto op = comm_->Allreduce(buf, total, m.dtype, m.reduce_op);
+  Status s = Wait(op.get());
+  if (!s.ok() || !r) return s;
+  ScaleInPlace(buf, total, m.dtype, PostFactor(m, comm_->size()));
+  if (m.shapes.size() > 1) {
+    const char* p = fusion_.data();
+    for (size_t i = 0; i < m.shapes.size(); ++i) {
+      size_t bytes = NumElements(m.shapes[i]) * esize;
+      if (bytes) std::memcpy(outs[i], p, bytes);
+      p += bytes;
+    }
+  }
+  return Status::Ok();
+}
+
+Status Executor::Allgather(const RequestMeta& m, Request* r) {
+  const int64_t row_bytes = m.RowElements(0) * DataTypeSize(m.dtype);
+  std::vector<int64_t> rows;
+  Status s = GatherCounts(r ? r->inputs[0].shape[0] : 0, &rows);
+  if (!s.ok()) return s;
+  int64_t total_rows = 0;
+  std::vector<int64_t> bytes(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    total_rows += rows[i];
+    bytes[i] = rows[i] * row_bytes;
+  }
+  void* out;
+  const void* in = r ? r->inputs[0].data : nullptr;
+  if (r) {
+    Shape shape = m.shapes[0];
+    shape[0] = total_rows;
+    s = Alloc(r, 0, shape, &out);
+    if (!s.ok()) return s;
+  } else {
+    scratch_.resize(total_rows * row_bytes);
+    out = scratch_.data();
+  }
+  auto op = comm_->Allgatherv(in, out, bytes);
+  return Wait(op.get());
+}
+
+Status Executor::Broadcast(const RequestMeta& m, Request* r, const std::vector<bool>& joined) {
+  if (joined[m.root]) {
+    return Status::InvalidArgument("mlsl_tf: broadcast '" + m.name + "': root rank " + std::to_string(m.root) +
+                                   " has already joined");
+  }
+  const int64_t bytes = NumElements(m.shapes[0]) * DataTypeSize(m.dtype);
+  void* out;
+  if (r) {
+    Status s = Alloc(r, 0, m.shapes[0], &out);
+    if (!s.ok()) return s;
+    if (comm_->rank() == m.root && out != r->inputs[0].data && bytes) std::memcpy(out, r->inputs[0].data, bytes);
+  } else {
+    scratch_.resize(bytes);
+    out = scratch_.data();
+  }
+  auto op = comm_->Broadcast(out, bytes, m.root);
+  return Wait(op.get());
+}
+
+Status Executor::Alltoall(const RequestMeta& m, Request* r) {
+  const int n = comm_->size();
+  const int64_t row_bytes = m.RowElements(0) * DataTypeSize(m.dtype);
+  std::vector<int64_t> send_rows(n, 0), recv_rows(n, 0);
+  if (r) {
+    if (r->splits.empty()) {
+      send_rows.assign(n, r->inputs[0].shape[0] / n);
+    } else {
+      send_rows = r->splits;
+    }
+  }
+  auto counts = comm_->Alltoallv(send_rows.data(), std::vector<int64_t>(n, 8), recv_rows.data(),
+                                 std::vector<int64_t>(n, 8));
+  Status s = Wait(counts.get());
+  if (!s.ok()) return s;
+  std::vector<int64_t> send_bytes(n), recv_bytes(n);
+  int64_t total = 0;
+  for (int i = 0; i < n; ++i) {
+    send_bytes[i] = send_rows[i] * row_bytes;
+    recv_bytes[i] = recv_rows[i] * row_bytes;
+    total += recv_rows[i];
+  }
+  void* out;
+  if (r) {
+    Shape shape = m.shapes[0];
+    shape[0] = total;
+    s = Alloc(r, 0, shape, &out);
+    if (!s.ok()) return s;
+    void* splits_out;
+    s = Alloc(r, 1, Shape{n}, &splits_out);
+    if (!s.ok()) return s;
+    for (int i = 0; i < n; ++i) static_cast<int32_t*>(splits_out)[i] = int32_t(recv_rows[i]);
+  } else {
+    scratch_.resize(total * row_bytes);
+    out = scratch_.data();
+  }
+  auto op = comm_->Alltoallv(r ? r->inputs[0].data : nullptr, send_bytes, out, recv_bytes);
+  return Wait(op.get());
+}
+
+Status Executor::Reducescatter(const RequestMeta& m, Request* r) {
+  const int n = comm_->size();
+  const size_t esize = DataTypeSize(m.dtype);
+  const Shape& shape = m.shapes[0];
+  const int64_t row = m.RowElements(0), total = NumElements(shape);
+  std::vector<int64_t> counts(n);
+  for (int i = 0; i < n; ++i) counts[i] = (shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row;
+  // The input is copied so prescaling never writes into the caller's tensor.
+  fusion_.resize(total * esize);
+  if (r) {
+    if (total) std::memcpy(fusion_.data(), r->inputs[0].data, total * esize);
+    ScaleInPlace(fusion_.data(), total, m.dtype, m.prescale);
+  } else {
+    FillIdentity(fusion_.data(), total, m.dtype, m.reduce_op);
+  }
+  const int me = comm_->rank();
+  void* out;
+  if (r) {
+    Shape out_shape = shape;
+    out_shape[0] = counts[me] / (row ? row : 1);
+    if (row == 0) out_shape[0] = shape[0] / n + (me < shape[0] % n ? 1 : 0);
+    Status s = Alloc(r, 0, out_shape, &out);
+    if (!s.ok()) return s;
+  } else {
+    scratch_.resize(counts[me] * esize);
+    out = scratch_.data();
+  }
+  auto op = comm_->ReduceScatter(fusion_.data(), out, counts, m.dtype, m.reduce_op);
+  Status s = Wait(op.get());
+  if (s.ok() && r) ScaleInPlace(out, counts[me], m.dtype, PostFactor(m, n));
+  return s;
+}
+
+}  // namespace mlsl

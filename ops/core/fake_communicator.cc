@@ -1,0 +1,180 @@
+#include "fake_communicator.h"
+
+#include <cstring>
+#include <stdexcept>
+
+#include "reduce.h"
+
+namespace mlsl {
+namespace {
+
+enum Kind { kAllreduce = 1, kBitAnd, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier };
+
+class FakePending : public PendingOp {
+ public:
+  FakePending(FakeWorld* world, uint64_t seq, int rank) : world_(world), seq_(seq), rank_(rank) {}
+  Status Test(bool* done) override {
+    if (!finished_) finished_ = world_->Done(seq_, rank_);
+    *done = finished_;
+    return Status::Ok();
+  }
+
+ private:
+  FakeWorld* world_;
+  uint64_t seq_;
+  int rank_;
+  bool finished_ = false;
+};
+
+int64_t Sum(const std::vector<int64_t>& v, size_t end) {
+  int64_t s = 0;
+  for (size_t i = 0; i < end; ++i) s += v[i];
+  return s;
+}
+
+}  // namespace
+
+uint64_t FakeWorld::Arrive(int rank, uint64_t seq, Part part) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Slot& slot = slots_[seq];
+  if (slot.parts.empty()) slot.parts.resize(size_);
+  slot.parts[rank] = std::move(part);
+  if (++slot.arrived == size_) {
+    for (const Part& p : slot.parts) {
+      if (p.kind != slot.parts[0].kind) throw std::logic_error("FakeWorld: ranks started different operations");
+    }
+    Compute(&slot);
+    slot.done = true;
+  }
+  return seq;
+}
+
+bool FakeWorld::Done(uint64_t seq, int rank) {
+  (void)rank;
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = slots_.find(seq);
+  if (it == slots_.end() || !it->second.done) return false;
+  if (++it->second.consumed == size_) slots_.erase(it);
+  return true;
+}
+
+void FakeWorld::Compute(Slot* slot) {
+  std::vector<Part>& p = slot->parts;
+  const int n = size_;
+  switch (p[0].kind) {
+    case kAllreduce:
+    case kBitAnd: {
+      size_t bytes = p[0].count * (p[0].kind == kBitAnd ? 8 : DataTypeSize(p[0].dtype));
+      std::vector<char> acc(static_cast<char*>(p[0].buf), static_cast<char*>(p[0].buf) + bytes);
+      for (int r = 1; r < n; ++r) {
+        if (p[0].kind == kBitAnd) {
+          auto* a = reinterpret_cast<uint64_t*>(acc.data());
+          auto* b = static_cast<const uint64_t*>(p[r].buf);
+          for (int64_t i = 0; i < p[0].count; ++i) a[i] &= b[i];
+        } else {
+          ReduceInto(acc.data(), p[r].buf, p[0].count, p[0].dtype, p[0].op);
+        }
+      }
+      for (int r = 0; r < n; ++r) std::memcpy(p[r].buf, acc.data(), bytes);
+      break;
+    }
+    case kAllgatherv:
+      for (int r = 0; r < n; ++r) {
+        char* out = static_cast<char*>(p[r].buf);
+        for (int s = 0; s < n; ++s) {
+          std::memcpy(out, p[s].send, p[r].sizes[s]);
+          out += p[r].sizes[s];
+        }
+      }
+      break;
+    case kBroadcast:
+      for (int r = 0; r < n; ++r) {
+        if (r != p[0].root) std::memcpy(p[r].buf, p[p[0].root].buf, p[0].count);
+      }
+      break;
+    case kAlltoallv:
+      for (int r = 0; r < n; ++r) {
+        char* out = static_cast<char*>(p[r].buf);
+        for (int s = 0; s < n; ++s) {
+          const char* from = static_cast<const char*>(p[s].send) + Sum(p[s].sizes, r);
+          std::memcpy(out, from, p[s].sizes[r]);
+          out += p[r].recv_sizes[s];
+        }
+      }
+      break;
+    case kReduceScatter: {
+      size_t esize = DataTypeSize(p[0].dtype);
+      for (int r = 0; r < n; ++r) {
+        int64_t off = Sum(p[0].sizes, r), cnt = p[0].sizes[r];
+        std::vector<char> acc(static_cast<const char*>(p[0].send) + off * esize,
+                              static_cast<const char*>(p[0].send) + (off + cnt) * esize);
+        for (int s = 1; s < n; ++s) {
+          ReduceInto(acc.data(), static_cast<const char*>(p[s].send) + off * esize, cnt, p[0].dtype, p[0].op);
+        }
+        if (cnt) std::memcpy(p[r].buf, acc.data(), cnt * esize);
+      }
+      break;
+    }
+    case kBarrier:
+      break;
+  }
+}
+
+Topology FakeCommunicator::topology() const {
+  Topology t;
+  t.local_rank = rank_;
+  t.local_size = size();
+  return t;
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::Start(FakeWorld::Part part) {
+  uint64_t seq = seq_++;
+  world_->Arrive(rank_, seq, std::move(part));
+  return std::make_unique<FakePending>(world_.get(), seq, rank_);
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+  FakeWorld::Part p;
+  p.kind = kAllreduce; p.buf = buf; p.count = count; p.dtype = dtype; p.op = op;
+  return Start(std::move(p));
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::BitAnd(uint64_t* words, int64_t count) {
+  FakeWorld::Part p;
+  p.kind = kBitAnd; p.buf = words; p.count = count;
+  return Start(std::move(p));
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) {
+  FakeWorld::Part p;
+  p.kind = kAllgatherv; p.send = send; p.buf = recv; p.sizes = bytes;
+  return Start(std::move(p));
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
+  FakeWorld::Part p;
+  p.kind = kBroadcast; p.buf = buf; p.count = bytes; p.root = root;
+  return Start(std::move(p));
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
+                                                       void* recv, const std::vector<int64_t>& recv_bytes) {
+  FakeWorld::Part p;
+  p.kind = kAlltoallv; p.send = send; p.buf = recv; p.sizes = send_bytes; p.recv_sizes = recv_bytes;
+  return Start(std::move(p));
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                                           DataType dtype, ReduceOp op) {
+  FakeWorld::Part p;
+  p.kind = kReduceScatter; p.send = send; p.buf = recv; p.sizes = counts; p.dtype = dtype; p.op = op;
+  return Start(std::move(p));
+}
+
+std::unique_ptr<PendingOp> FakeCommunicator::Barrier() {
+  FakeWorld::Part p;
+  p.kind = kBarrier;
+  return Start(std::move(p));
+}
+
+}  // namespace mlsl

@@ -1,0 +1,73 @@
+// FakeCommunicator: N ranks as threads of one process, for the core's C++ tests. A FakeWorld
+// is shared by the N communicators; the k-th operation each rank starts meets the k-th of
+// every other rank in one slot, and the last rank to arrive computes everybody's result.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "communicator.h"
+
+namespace mlsl {
+
+class FakeWorld {
+ public:
+  explicit FakeWorld(int size) : size_(size) {}
+  int size() const { return size_; }
+
+  // What one rank brings to a collective.
+  struct Part {
+    int kind = 0;
+    void* buf = nullptr;          // in-place buffer or receive buffer
+    const void* send = nullptr;   // send buffer (when distinct)
+    int64_t count = 0;
+    DataType dtype = DataType::kUint8;
+    ReduceOp op = ReduceOp::kSum;
+    int root = 0;
+    std::vector<int64_t> sizes, recv_sizes;
+  };
+  // Deposits rank's part of its seq-th operation; returns that operation's slot number.
+  uint64_t Arrive(int rank, uint64_t seq, Part part);
+  bool Done(uint64_t seq, int rank);
+
+ private:
+  struct Slot {
+    std::vector<Part> parts;
+    int arrived = 0, consumed = 0;
+    bool done = false;
+  };
+  void Compute(Slot* slot);
+
+  const int size_;
+  std::mutex mu_;
+  std::map<uint64_t, Slot> slots_;
+};
+
+class FakeCommunicator : public Communicator {
+ public:
+  FakeCommunicator(std::shared_ptr<FakeWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  int rank() const override { return rank_; }
+  int size() const override { return world_->size(); }
+  Topology topology() const override;
+  std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override;
+  std::unique_ptr<PendingOp> BitAnd(uint64_t* words, int64_t count) override;
+  std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
+  std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;
+  std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                                       const std::vector<int64_t>& recv_bytes) override;
+  std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                           DataType dtype, ReduceOp op) override;
+  std::unique_ptr<PendingOp> Barrier() override;
+
+ private:
+  std::unique_ptr<PendingOp> Start(FakeWorld::Part part);
+  std::shared_ptr<FakeWorld> world_;
+  const int rank_;
+  uint64_t seq_ = 0;
+};
+
+}  // namespace mlsl

@@ -1,0 +1,251 @@
+#include "mpi_communicator.h"
+
+#include <mpi.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <string>
+
+#include "half.h"
+#include "reduce.h"
+
+namespace mlsl {
+namespace {
+
+std::once_flag g_finalize_once;
+bool g_we_initialised = false;
+int g_thread_level = MPI_THREAD_SINGLE;
+
+void FinalizeAtExit() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (!finalized) MPI_Finalize();
+}
+
+std::string MpiError(const char* what, int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  MPI_Error_string(code, text, &len);
+  return std::string("MPI ") + what + " failed: " + std::string(text, len);
+}
+
+MPI_Datatype NativeType(DataType t) {
+  switch (t) {
+    case DataType::kUint8: return MPI_UINT8_T;
+    case DataType::kInt8: return MPI_INT8_T;
+    case DataType::kInt32: return MPI_INT32_T;
+    case DataType::kInt64: return MPI_INT64_T;
+    case DataType::kFloat32: return MPI_FLOAT;
+    case DataType::kFloat64: return MPI_DOUBLE;
+    case DataType::kFloat16: case DataType::kBfloat16: return MPI_UINT16_T;
+    case DataType::kBool: return MPI_UINT8_T;
+  }
+  return MPI_BYTE;
+}
+
+// User-defined MPI reductions for the types MPI cannot reduce: each (dtype, op) pair gets a
+// function that forwards to the core's kernels.
+template <DataType D, ReduceOp O>
+void UserReduce(void* in, void* inout, int* len, MPI_Datatype*) {
+  ReduceInto(inout, in, *len, D, O);
+}
+
+struct UserOps {
+  MPI_Op ops[kNumDataTypes][6];
+  UserOps() {
+    for (auto& row : ops) for (auto& op : row) op = MPI_OP_NULL;
+    Make<DataType::kFloat16>();
+    Make<DataType::kBfloat16>();
+    Make<DataType::kBool>();
+  }
+  template <DataType D> void Make() {
+    MPI_Op_create(&UserReduce<D, ReduceOp::kSum>, 1, &ops[int(D)][int(ReduceOp::kSum)]);
+    ops[int(D)][int(ReduceOp::kAverage)] = ops[int(D)][int(ReduceOp::kSum)];
+    MPI_Op_create(&UserReduce<D, ReduceOp::kMin>, 1, &ops[int(D)][int(ReduceOp::kMin)]);
+    MPI_Op_create(&UserReduce<D, ReduceOp::kMax>, 1, &ops[int(D)][int(ReduceOp::kMax)]);
+    MPI_Op_create(&UserReduce<D, ReduceOp::kProduct>, 1, &ops[int(D)][int(ReduceOp::kProduct)]);
+  }
+};
+
+MPI_Op OpFor(const UserOps& user, DataType t, ReduceOp op) {
+  if (t == DataType::kFloat16 || t == DataType::kBfloat16 || t == DataType::kBool) return user.ops[int(t)][int(op)];
+  switch (op) {
+    case ReduceOp::kMin: return MPI_MIN;
+    case ReduceOp::kMax: return MPI_MAX;
+    case ReduceOp::kProduct: return MPI_PROD;
+    default: return MPI_SUM;
+  }
+}
+
+// One nonblocking MPI request (plus any buffers that must outlive it).
+class MpiPending : public PendingOp {
+ public:
+  MpiPending() = default;
+  MPI_Request* request() { return &request_; }
+  std::vector<int>& ints() { return ints_; }
+  void SetError(std::string e) { error_ = std::move(e); }
+  Status Test(bool* done) override {
+    if (!error_.empty()) return Status::Internal(error_);
+    int flag = 0;
+    int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
+    if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Test", rc));
+    *done = flag != 0;
+    return Status::Ok();
+  }
+
+ private:
+  MPI_Request request_ = MPI_REQUEST_NULL;
+  std::vector<int> ints_;  // counts/displacements for the v-collectives
+  std::string error_;
+};
+
+std::unique_ptr<PendingOp> Checked(std::unique_ptr<MpiPending> p, int rc, const char* what) {
+  if (rc != MPI_SUCCESS) p->SetError(MpiError(what, rc));
+  return p;
+}
+
+// MPI counts are int: refuse (clearly) what does not fit rather than truncate.
+bool FitsInt(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
+
+std::unique_ptr<PendingOp> TooLarge(const char* what) {
+  auto p = std::make_unique<MpiPending>();
+  p->SetError(std::string(what) + ": message larger than 2^31-1 elements is not supported");
+  return p;
+}
+
+class MpiCommunicator : public Communicator {
+ public:
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+    MPI_Comm_rank(comm_, &rank_);
+    MPI_Comm_size(comm_, &size_);
+    MPI_Comm local;
+    MPI_Comm_split_type(comm_, MPI_COMM_TYPE_SHARED, rank_, MPI_INFO_NULL, &local);
+    MPI_Comm_rank(local, &topo_.local_rank);
+    MPI_Comm_size(local, &topo_.local_size);
+    MPI_Comm cross;
+    MPI_Comm_split(comm_, topo_.local_rank, rank_, &cross);
+    MPI_Comm_rank(cross, &topo_.cross_rank);
+    MPI_Comm_size(cross, &topo_.cross_size);
+    MPI_Comm_free(&local);
+    MPI_Comm_free(&cross);
+  }
+  ~MpiCommunicator() override {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) return;
+    for (auto& row : user_.ops) {
+      for (int op = 0; op < 6; ++op) {  // kAverage shares kSum's handle
+        if (op != int(ReduceOp::kAverage) && row[op] != MPI_OP_NULL) MPI_Op_free(&row[op]);
+      }
+    }
+    MPI_Comm_free(&comm_);
+  }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Topology topology() const override { return topo_; }
+
+  std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override {
+    if (!FitsInt(count)) return TooLarge("allreduce");
+    auto p = std::make_unique<MpiPending>();
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op), comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Iallreduce");
+  }
+  std::unique_ptr<PendingOp> BitAnd(uint64_t* words, int64_t count) override {
+    auto p = std::make_unique<MpiPending>();
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, words, int(count), MPI_UINT64_T, MPI_BAND, comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Iallreduce(bitset)");
+  }
+  std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override {
+    auto p = std::make_unique<MpiPending>();
+    if (!CountsAndDispls(bytes, &p->ints())) return TooLarge("allgather");
+    int* counts = p->ints().data();
+    int* displs = counts + size_;
+    int rc = MPI_Iallgatherv(send, counts[rank_], MPI_BYTE, recv, counts, displs, MPI_BYTE, comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Iallgatherv");
+  }
+  std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override {
+    if (!FitsInt(bytes)) return TooLarge("broadcast");
+    auto p = std::make_unique<MpiPending>();
+    int rc = MPI_Ibcast(buf, int(bytes), MPI_BYTE, root, comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Ibcast");
+  }
+  std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                                       const std::vector<int64_t>& recv_bytes) override {
+    auto p = std::make_unique<MpiPending>();
+    std::vector<int> s, r;
+    if (!CountsAndDispls(send_bytes, &s) || !CountsAndDispls(recv_bytes, &r)) return TooLarge("alltoall");
+    p->ints() = s;
+    p->ints().insert(p->ints().end(), r.begin(), r.end());
+    int* v = p->ints().data();
+    int rc = MPI_Ialltoallv(send, v, v + size_, MPI_BYTE, recv, v + 2 * size_, v + 3 * size_, MPI_BYTE, comm_,
+                            p->request());
+    return Checked(std::move(p), rc, "MPI_Ialltoallv");
+  }
+  std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                           DataType dtype, ReduceOp op) override {
+    auto p = std::make_unique<MpiPending>();
+    for (int64_t c : counts) if (!FitsInt(c)) return TooLarge("reducescatter");
+    p->ints().assign(counts.begin(), counts.end());
+    int rc = MPI_Ireduce_scatter(send, recv, p->ints().data(), NativeType(dtype), OpFor(user_, dtype, op), comm_,
+                                 p->request());
+    return Checked(std::move(p), rc, "MPI_Ireduce_scatter");
+  }
+  std::unique_ptr<PendingOp> Barrier() override {
+    auto p = std::make_unique<MpiPending>();
+    int rc = MPI_Ibarrier(comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Ibarrier");
+  }
+
+ private:
+  // out = counts[size] followed by displacements[size], as MPI ints.
+  bool CountsAndDispls(const std::vector<int64_t>& sizes, std::vector<int>* out) const {
+    out->assign(2 * size_, 0);
+    int64_t off = 0;
+    for (int r = 0; r < size_; ++r) {
+      if (!FitsInt(sizes[r]) || !FitsInt(off)) return false;
+      (*out)[r] = int(sizes[r]);
+      (*out)[size_ + r] = int(off);
+      off += sizes[r];
+    }
+    return true;
+  }
+
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+  Topology topo_;
+  UserOps user_;
+};
+
+}  // namespace
+
+Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
+  int initialised = 0, finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized) return Status::FailedPrecondition("MPI has already been finalized in this process");
+  MPI_Initialized(&initialised);
+  if (!initialised) {
+    int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &g_thread_level);
+    if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Init_thread", rc));
+    g_we_initialised = true;
+    std::call_once(g_finalize_once, [] { std::atexit(FinalizeAtExit); });
+  } else {
+    MPI_Query_thread(&g_thread_level);
+  }
+  MPI_Comm comm;
+  int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
+  if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Comm_dup", rc));
+  MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
+  *out = std::make_unique<MpiCommunicator>(comm);
+  return Status::Ok();
+}
+
+bool MpiThreadsSupported() {
+  int initialised = 0;
+  MPI_Initialized(&initialised);
+  if (!initialised) return false;
+  int level = MPI_THREAD_SINGLE;
+  MPI_Query_thread(&level);
+  return level == MPI_THREAD_MULTIPLE;
+}
+
+}  // namespace mlsl

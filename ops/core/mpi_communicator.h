@@ -1,0 +1,20 @@
+// MpiCommunicator: the Communicator over MPI, and the only file that includes <mpi.h>.
+// It is created by the thread that calls init and afterwards used only by the runtime's
+// background thread, which owns MPI (MPI is initialised with MPI_THREAD_MULTIPLE when mlsl_tf
+// initialises it, so a user's own mpi4py calls on other threads stay legal).
+#pragma once
+
+#include <memory>
+
+#include "communicator.h"
+
+namespace mlsl {
+
+// Initialises MPI if nobody has (otherwise duplicates the existing MPI_COMM_WORLD, e.g. when
+// the user imported mpi4py first) and returns a communicator over a private duplicate.
+Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out);
+
+// Whether MPI has been initialised with MPI_THREAD_MULTIPLE (Horovod's mpi_threads_supported).
+bool MpiThreadsSupported();
+
+}  // namespace mlsl

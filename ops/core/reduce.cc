@@ -1,0 +1,128 @@
+#include "reduce.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "half.h"
+
+namespace mlsl {
+namespace {
+
+// A "storage" type and how to load/store it as an arithmetic value.
+template <typename S> struct Native {
+  using V = S;
+  static V Load(S s) { return s; }
+  static S Store(V v) { return v; }
+};
+struct Half16 {
+  using V = float;
+  static V Load(uint16_t s) { return Fp16ToFloat(s); }
+  static uint16_t Store(V v) { return FloatToFp16(v); }
+};
+struct Brain16 {
+  using V = float;
+  static V Load(uint16_t s) { return Bf16ToFloat(s); }
+  static uint16_t Store(V v) { return FloatToBf16(v); }
+};
+
+template <typename S, typename C>
+void ReduceTyped(S* dst, const S* src, int64_t n, ReduceOp op) {
+  using V = typename C::V;
+  switch (op) {
+    case ReduceOp::kAverage:
+    case ReduceOp::kSum:
+    case ReduceOp::kAdasum:
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(V(C::Load(dst[i]) + C::Load(src[i])));
+      break;
+    case ReduceOp::kProduct:
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(V(C::Load(dst[i]) * C::Load(src[i])));
+      break;
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(std::min(C::Load(dst[i]), C::Load(src[i])));
+      break;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(std::max(C::Load(dst[i]), C::Load(src[i])));
+      break;
+  }
+}
+
+void ReduceBool(uint8_t* dst, const uint8_t* src, int64_t n, ReduceOp op) {
+  // Min and Product are logical AND, Max is logical OR.
+  if (op == ReduceOp::kMax) {
+    for (int64_t i = 0; i < n; ++i) dst[i] = (dst[i] || src[i]) ? 1 : 0;
+  } else {
+    for (int64_t i = 0; i < n; ++i) dst[i] = (dst[i] && src[i]) ? 1 : 0;
+  }
+}
+
+template <typename S, typename C>
+void ScaleTyped(S* data, int64_t n, double f) {
+  for (int64_t i = 0; i < n; ++i) data[i] = C::Store(typename C::V(double(C::Load(data[i])) * f));
+}
+
+template <typename S, typename C>
+void FillTyped(S* data, int64_t n, ReduceOp op) {
+  using V = typename C::V;
+  V v = V(0);
+  if (op == ReduceOp::kProduct) v = V(1);
+  if (op == ReduceOp::kMin) v = std::numeric_limits<V>::has_infinity ? std::numeric_limits<V>::infinity() : std::numeric_limits<V>::max();
+  if (op == ReduceOp::kMax) v = std::numeric_limits<V>::has_infinity ? -std::numeric_limits<V>::infinity() : std::numeric_limits<V>::lowest();
+  S s = C::Store(v);
+  std::fill(data, data + n, s);
+}
+
+// Calls f.template operator()<Storage, Codec>() for the dtype.
+#define MLSL_DISPATCH(dtype, CALL)                                          \
+  switch (dtype) {                                                          \
+    case DataType::kUint8: CALL(uint8_t, Native<uint8_t>); break;           \
+    case DataType::kInt8: CALL(int8_t, Native<int8_t>); break;              \
+    case DataType::kInt32: CALL(int32_t, Native<int32_t>); break;           \
+    case DataType::kInt64: CALL(int64_t, Native<int64_t>); break;           \
+    case DataType::kFloat16: CALL(uint16_t, Half16); break;                 \
+    case DataType::kBfloat16: CALL(uint16_t, Brain16); break;               \
+    case DataType::kFloat32: CALL(float, Native<float>); break;             \
+    case DataType::kFloat64: CALL(double, Native<double>); break;           \
+    case DataType::kBool: CALL(uint8_t, Native<uint8_t>); break;            \
+  }
+
+}  // namespace
+
+Status CheckReducible(DataType dtype, ReduceOp op) {
+  if (op == ReduceOp::kAdasum) return Status::InvalidArgument("the Adasum reduction is not supported by mlsl_tf");
+  if (dtype == DataType::kBool && (op == ReduceOp::kSum || op == ReduceOp::kAverage)) {
+    return Status::InvalidArgument(std::string("reduction ") + ReduceOpName(op) +
+                                   " is not meaningful for bool tensors (use Min, Max or Product)");
+  }
+  return Status::Ok();
+}
+
+void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kBool) {
+    ReduceBool(static_cast<uint8_t*>(dst), static_cast<const uint8_t*>(src), count, op);
+    return;
+  }
+#define CALL(S, C) ReduceTyped<S, C>(static_cast<S*>(dst), static_cast<const S*>(src), count, op)
+  MLSL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+void ScaleInPlace(void* data, int64_t count, DataType dtype, double factor) {
+  if (factor == 1.0 || dtype == DataType::kBool) return;
+#define CALL(S, C) ScaleTyped<S, C>(static_cast<S*>(data), count, factor)
+  MLSL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+void FillIdentity(void* data, int64_t count, DataType dtype, ReduceOp op) {
+  if (dtype == DataType::kBool) {
+    std::fill(static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + count,
+              uint8_t(op == ReduceOp::kMax ? 0 : (op == ReduceOp::kSum || op == ReduceOp::kAverage) ? 0 : 1));
+    return;
+  }
+#define CALL(S, C) FillTyped<S, C>(static_cast<S*>(data), count, op)
+  MLSL_DISPATCH(dtype, CALL)
+#undef CALL
+}
+
+}  // namespace mlsl

@@ -1,0 +1,40 @@
+// Request: one collective submitted by the framework layer, with its lifecycle. It is created
+// by a TF kernel (or a test), handed to Runtime::Submit, and finished exactly once by calling
+// `done` with a Status -- from the background thread, or from Submit itself when it is
+// refused at once.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "status.h"
+#include "types.h"
+
+namespace mlsl {
+
+struct TensorInput {
+  const void* data = nullptr;  // caller-owned, valid until done
+  Shape shape;
+};
+
+struct Request {
+  std::string name;  // identifies the collective across ranks
+  OpType op = OpType::kAllreduce;
+  DataType dtype = DataType::kFloat32;
+  ReduceOp reduce_op = ReduceOp::kSum;
+  double prescale = 1.0, postscale = 1.0;
+  int root = 0;
+  int priority = 0;  // lower = more urgent
+  int group = 0;     // 0 = all ranks
+  std::vector<TensorInput> inputs;  // several only for grouped allreduce; none for barrier/join
+  std::vector<int64_t> splits;      // alltoall: rows sent to each rank; empty = equal split
+
+  // Allocates output `index` with `shape` (dtype as the request's, except alltoall's output 1,
+  // the int32 received splits, and join's output 0, an int32 scalar). Called by the background
+  // thread before `done`.
+  std::function<Status(int index, const Shape& shape, void** data)> allocate_output;
+  std::function<void(const Status&)> done;
+};
+
+}  // namespace mlsl

@@ -1,0 +1,319 @@
+#include "runtime.h"
+
+#include <algorithm>
+
+#include "logging.h"
+#include "settings.h"
+
+namespace mlsl {
+namespace {
+
+int Words(int64_t bits) { return int((bits + 63) / 64); }
+void ClearBit(std::vector<uint64_t>& w, int64_t offset_words, int64_t bit) {
+  w[offset_words + bit / 64] &= ~(uint64_t(1) << (bit % 64));
+}
+void SetBit(std::vector<uint64_t>& w, int64_t offset_words, int64_t bit) {
+  w[offset_words + bit / 64] |= uint64_t(1) << (bit % 64);
+}
+bool TestBit(const std::vector<uint64_t>& w, int64_t offset_words, int64_t bit) {
+  return (w[offset_words + bit / 64] >> (bit % 64)) & 1;
+}
+
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
+constexpr uint64_t kNobodyAnnounces = 1;  // word 0, bit 0 (inverted OR)
+
+}  // namespace
+
+Runtime::Runtime(std::unique_ptr<Communicator> comm)
+    : comm_(std::move(comm)),
+      rank_(comm_->rank()),
+      size_(comm_->size()),
+      topology_(comm_->topology()),
+      heartbeat_(std::max<int64_t>(1, SettingInt("MLSL_TF_HEARTBEAT_MS"))),
+      stall_warning_(SettingInt("MLSL_TF_STALL_WARNING_SECONDS")),
+      executor_(comm_.get()),
+      coordinator_(size_),
+      joined_before_(size_, false),
+      last_stall_check_(std::chrono::steady_clock::now()),
+      thread_([this] { Loop(); }) {}
+
+Runtime::~Runtime() { Shutdown(); }
+
+void Runtime::Submit(std::unique_ptr<Request> request) {
+  std::string refused;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (closed_reason_.empty() && !stop_requested_) {
+      incoming_.push_back(std::move(request));
+    } else {
+      refused = closed_reason_.empty() ? "mlsl_tf is shutting down" : closed_reason_;
+    }
+  }
+  if (!refused.empty()) {
+    request->done(Status::Aborted(refused + " (collective '" + request->name + "' was not run)"));
+    return;
+  }
+  cv_.notify_one();
+}
+
+void Runtime::Shutdown() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_requested_ = true;
+  }
+  cv_.notify_one();
+  if (thread_.joinable()) thread_.join();
+}
+
+void Runtime::Loop() {
+  int idle = 0;  // cycles in a row that moved nothing
+  while (true) {
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      if (incoming_.empty() && !stop_requested_) {
+        bool local_work = !pending_.empty() || join_ != nullptr;
+        std::chrono::microseconds wait(0);
+        if (!local_work) {
+          wait = heartbeat_;
+        } else if (idle >= 8) {
+          // Waiting on peers: back off so two ranks waiting on each other do not spin.
+          wait = std::min<std::chrono::microseconds>(std::chrono::microseconds(20 << std::min(idle - 8, 6)),
+                                                     std::chrono::milliseconds(1));
+        }
+        if (wait.count() > 0) {
+          cv_.wait_for(lock, wait, [this] { return !incoming_.empty() || stop_requested_; });
+        }
+      }
+    }
+    bool progress = false;
+    if (!Cycle(&progress)) return;
+    idle = progress ? 0 : idle + 1;
+    if (rank_ == 0 && stall_warning_.count() > 0) WarnStalls();
+  }
+}
+
+void Runtime::Intake(std::unique_ptr<Request> r) {
+  if (r->op == OpType::kJoin) {
+    if (join_) {
+      r->done(Status::InvalidArgument("mlsl_tf: join is already pending on rank " + std::to_string(rank_)));
+      return;
+    }
+    join_ = std::move(r);
+    return;
+  }
+  if (pending_.count(r->name)) {
+    r->done(Status::InvalidArgument("mlsl_tf: a collective named '" + r->name + "' is already pending on rank " +
+                                    std::to_string(rank_) + "; concurrent collectives need distinct names"));
+    return;
+  }
+  Local local;
+  local.meta = RequestMeta::From(*r);
+  local.meta.local_error = ValidateLocally(*r, rank_, size_);
+  auto cached = cached_ids_.find(r->name);
+  if (cached != cached_ids_.end() && local.meta.local_error.empty() && coordinator_.meta(cached->second) == local.meta) {
+    local.state = Local::kReady;
+    local.id = cached->second;
+  }
+  local.request = std::move(r);
+  std::string name = local.request->name;
+  pending_.emplace(name, std::move(local));
+}
+
+bool Runtime::Cycle(bool* progress) {
+  std::deque<std::unique_ptr<Request>> incoming;
+  bool stopping;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    incoming.swap(incoming_);
+    stopping = stop_requested_;
+  }
+  *progress = !incoming.empty();
+  for (auto& r : incoming) Intake(std::move(r));
+
+  // Bitset layout: [flags][joined ranks][shut-down ranks][ready ids].
+  const int rank_words = Words(size_);
+  const int64_t joined_at = 1, shut_at = 1 + rank_words, ready_at = 1 + 2 * rank_words;
+  const int32_t num_ids = coordinator_.num_ids();
+  std::vector<uint64_t> bits(ready_at + Words(num_ids), ~uint64_t(0));
+  bool announcing = false;
+  for (auto& [name, l] : pending_) announcing = announcing || l.state == Local::kToAnnounce;
+  if (announcing) bits[0] &= ~kNobodyAnnounces;
+  if (join_) ClearBit(bits, joined_at, rank_);
+  if (stopping) ClearBit(bits, shut_at, rank_);
+  if (!join_) {
+    std::fill(bits.begin() + ready_at, bits.end(), 0);
+    for (auto& [name, l] : pending_) if (l.state == Local::kReady) SetBit(bits, ready_at, l.id);
+  }
+  auto op = comm_->BitAnd(bits.data(), int64_t(bits.size()));
+  Status s = Wait(op.get());
+  if (!s.ok()) {
+    Close("mlsl_tf: the background cycle failed: " + s.message());
+    return false;
+  }
+
+  std::vector<int> gone;
+  for (int r = 0; r < size_; ++r) if (r != rank_ && !TestBit(bits, shut_at, r)) gone.push_back(r);
+  if (!gone.empty()) {
+    Close(std::string("mlsl_tf: rank") + (gone.size() > 1 ? "s " : " ") + RankList(gone) +
+          " shut down, so collectives can no longer complete");
+    return false;
+  }
+  if (stopping) {
+    Close("mlsl_tf has been shut down on rank " + std::to_string(rank_));
+    return false;
+  }
+
+  std::vector<bool> joined(size_);
+  bool all_joined = true;
+  int newest = -1;
+  for (int r = 0; r < size_; ++r) {
+    joined[r] = !TestBit(bits, joined_at, r);
+    all_joined = all_joined && joined[r];
+    if (joined[r] && !joined_before_[r]) newest = r;
+  }
+  if (newest >= 0) {
+    last_joined_ = newest;
+    *progress = true;
+  }
+  joined_before_ = joined;
+
+  std::vector<int32_t> agreed;
+  if (!(bits[0] & kNobodyAnnounces)) {
+    Negotiate(joined, &agreed);
+    *progress = true;
+  }
+  if (!all_joined) {
+    for (int32_t id = 0; id < num_ids; ++id) if (TestBit(bits, ready_at, id)) agreed.push_back(id);
+  }
+  std::sort(agreed.begin(), agreed.end(), [this](int32_t a, int32_t b) {
+    int pa = coordinator_.meta(a).priority, pb = coordinator_.meta(b).priority;
+    return pa != pb ? pa < pb : a < b;
+  });
+  for (int32_t id : agreed) {
+    const RequestMeta& meta = coordinator_.meta(id);
+    auto it = pending_.find(meta.name);
+    Request* mine = it != pending_.end() && it->second.id == id ? it->second.request.get() : nullptr;
+    Status st = executor_.Execute(meta, mine, joined);
+    if (mine) Finish(meta.name, st);
+    *progress = true;
+  }
+  if (all_joined) {
+    FinishJoin(last_joined_);
+    std::fill(joined_before_.begin(), joined_before_.end(), false);
+    *progress = true;
+  }
+  return true;
+}
+
+void Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed) {
+  std::vector<RequestMeta> mine;
+  for (auto& [name, l] : pending_) {
+    if (l.state == Local::kToAnnounce) {
+      mine.push_back(l.meta);
+      l.state = Local::kAnnounced;
+    }
+  }
+  std::string payload;
+  SerializeMetas(mine, &payload);
+  std::vector<int64_t> sizes(size_, 0);
+  int64_t my_size = int64_t(payload.size());
+  auto op = comm_->Allgatherv(&my_size, sizes.data(), std::vector<int64_t>(size_, 8));
+  Status s = Wait(op.get());
+  int64_t total = 0;
+  for (int64_t v : sizes) total += v;
+  std::string all(s.ok() ? total : 0, '\0');
+  if (s.ok()) {
+    op = comm_->Allgatherv(payload.data(), all.data(), sizes);
+    s = Wait(op.get());
+  }
+  if (!s.ok()) {
+    Close("mlsl_tf: negotiation failed: " + s.message());
+    return;
+  }
+  int64_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    std::vector<RequestMeta> metas;
+    if (!ParseMetas(all.data() + offset, sizes[r], &metas)) {
+      Close("mlsl_tf: internal error: could not parse the announcements of rank " + std::to_string(r));
+      return;
+    }
+    offset += sizes[r];
+    for (RequestMeta& m : metas) coordinator_.Announce(r, std::move(m));
+  }
+  for (const Decision& d : coordinator_.Resolve(joined)) {
+    auto it = pending_.find(d.name);
+    switch (d.kind) {
+      case Decision::kInvalidate:
+        cached_ids_.erase(d.name);
+        if (it != pending_.end() && it->second.state == Local::kReady) {
+          it->second.state = Local::kToAnnounce;
+          it->second.id = -1;
+        }
+        break;
+      case Decision::kError:
+        cached_ids_.erase(d.name);
+        if (it != pending_.end() && it->second.state == Local::kAnnounced) Finish(d.name, Status::InvalidArgument(d.error));
+        break;
+      case Decision::kAgreed:
+        cached_ids_[d.name] = d.id;
+        if (it != pending_.end() && it->second.state == Local::kAnnounced) {
+          it->second.state = Local::kReady;
+          it->second.id = d.id;
+        }
+        agreed->push_back(d.id);
+        break;
+    }
+  }
+}
+
+void Runtime::Finish(const std::string& name, const Status& s) {
+  auto it = pending_.find(name);
+  std::unique_ptr<Request> r = std::move(it->second.request);
+  pending_.erase(it);
+  r->done(s);
+}
+
+void Runtime::FinishJoin(int last_rank) {
+  if (!join_) return;
+  std::unique_ptr<Request> r = std::move(join_);
+  void* out = nullptr;
+  Status s = r->allocate_output(0, Shape{}, &out);
+  if (s.ok() && out) *static_cast<int32_t*>(out) = last_rank;
+  r->done(s);
+}
+
+void Runtime::Close(const std::string& reason) {
+  std::deque<std::unique_ptr<Request>> incoming;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    closed_reason_ = reason;
+    incoming.swap(incoming_);
+  }
+  std::vector<std::unique_ptr<Request>> failed;
+  for (auto& r : incoming) failed.push_back(std::move(r));
+  for (auto& [name, l] : pending_) failed.push_back(std::move(l.request));
+  pending_.clear();
+  if (join_) failed.push_back(std::move(join_));
+  for (auto& r : failed) {
+    std::string what = r->op == OpType::kJoin ? "join" : "collective '" + r->name + "'";
+    r->done(Status::Aborted(reason + " (" + what + " did not complete)"));
+  }
+}
+
+void Runtime::WarnStalls() {
+  auto now = std::chrono::steady_clock::now();
+  if (now - last_stall_check_ < stall_warning_) return;
+  last_stall_check_ = now;
+  for (auto& [name, missing] : coordinator_.Stalled(stall_warning_)) {
+    Log(LogLevel::kWarning, "collective '" + name + "' has waited more than " +
+                                std::to_string(stall_warning_.count()) + " s for rank(s) " + RankList(missing) +
+                                " to submit it");
+  }
+}
+
+}  // namespace mlsl

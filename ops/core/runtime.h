@@ -1,0 +1,98 @@
+// Runtime: the request table, the negotiation and the background cycle of DESIGN.md.
+//
+// One background thread owns the communicator (and so MPI): only it starts or tests
+// communication, which keeps the order of collectives identical on every rank and needs no
+// lock around MPI. Framework threads only Submit requests, which never blocks; each request
+// is finished exactly once, with a Status, by that thread (or at once by Submit when the
+// runtime is closed).
+//
+// One cycle, the same on every rank:
+//   1. take newly submitted requests; a name whose metadata matches its cached id is ready,
+//      anything else is announced;
+//   2. AND-allreduce a bitset: [flags | joined ranks | shut-down ranks | ready ids]; flags and
+//      per-rank bits are stored inverted so the AND works as an OR for them;
+//   3. if some rank announced, allgather the announcements and let the (replicated)
+//      Coordinator decide: agreed names are ready everywhere at once, errors fail everywhere;
+//   4. run the agreed ids in (priority, id) order, identically on all ranks.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "communicator.h"
+#include "coordinator.h"
+#include "executor.h"
+#include "request.h"
+
+namespace mlsl {
+
+class Runtime {
+ public:
+  explicit Runtime(std::unique_ptr<Communicator> comm);
+  ~Runtime();  // shuts down
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  // Hands a request to the background thread. Never blocks; request->done runs exactly once.
+  void Submit(std::unique_ptr<Request> request);
+  // Tells every rank this one is leaving, fails what is pending here, joins the thread.
+  void Shutdown();
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  Topology topology() const { return topology_; }
+
+ private:
+  struct Local {
+    std::unique_ptr<Request> request;
+    RequestMeta meta;
+    enum State { kToAnnounce, kAnnounced, kReady } state = kToAnnounce;
+    int32_t id = -1;
+  };
+
+  void Loop();
+  // One cycle; returns false when the runtime has closed. *progress: something moved.
+  bool Cycle(bool* progress);
+  void Intake(std::unique_ptr<Request> r);
+  void Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
+  void Finish(const std::string& name, const Status& s);
+  void FinishJoin(int last_rank);
+  // Refuses future submissions with `reason` and fails everything pending with it.
+  void Close(const std::string& reason);
+  void WarnStalls();
+
+  std::unique_ptr<Communicator> comm_;
+  const int rank_, size_;
+  const Topology topology_;
+  const std::chrono::milliseconds heartbeat_;
+  const std::chrono::seconds stall_warning_;
+
+  // Shared with submitting threads.
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::unique_ptr<Request>> incoming_;
+  bool stop_requested_ = false;
+  std::string closed_reason_;  // non-empty once closed: new requests fail with it
+
+  // Owned by the background thread.
+  Executor executor_;
+  Coordinator coordinator_;
+  std::map<std::string, Local> pending_;
+  std::unordered_map<std::string, int32_t> cached_ids_;
+  std::unique_ptr<Request> join_;
+  std::vector<bool> joined_before_;
+  int last_joined_ = -1;
+  std::chrono::steady_clock::time_point last_stall_check_;
+
+  std::thread thread_;  // last member: starts after everything above exists
+};
+
+}  // namespace mlsl

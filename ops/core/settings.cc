@@ -1,0 +1,36 @@
+#include "settings.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace mlsl {
+
+const std::vector<SettingInfo>& AllSettings() {
+  static const std::vector<SettingInfo> table = {
+      {"MLSL_TF_HEARTBEAT_MS", "10",
+       "longest an idle background thread sleeps between cycles (bounds how fast a peer's shutdown is seen)"},
+      {"MLSL_TF_STALL_WARNING_SECONDS", "60",
+       "warn when a collective has been submitted by some ranks but not others for this long (0 = never)"},
+      {"MLSL_TF_LOG_LEVEL", "warning", "core log level: debug, info, warning or error"},
+  };
+  return table;
+}
+
+static const SettingInfo& Find(const std::string& name) {
+  for (const SettingInfo& s : AllSettings()) {
+    if (name == s.name) return s;
+  }
+  std::fprintf(stderr, "mlsl_tf: internal error: undeclared setting %s\n", name.c_str());
+  std::abort();
+}
+
+std::string SettingString(const std::string& name) {
+  const SettingInfo& info = Find(name);
+  const char* env = std::getenv(info.name);
+  return env && *env ? env : info.default_value;
+}
+
+int64_t SettingInt(const std::string& name) { return std::strtoll(SettingString(name).c_str(), nullptr, 10); }
+double SettingDouble(const std::string& name) { return std::strtod(SettingString(name).c_str(), nullptr); }
+
+}  // namespace mlsl

@@ -1,0 +1,37 @@
+// Status: the one way errors travel through the core. A request finishes with exactly one
+// Status; it becomes a TensorFlow status or a Python exception only at the edge.
+#pragma once
+
+#include <string>
+#include <utility>
+
+namespace mlsl {
+
+enum class StatusCode {
+  kOk = 0,
+  kInvalidArgument = 1,    // the caller's input is wrong (or ranks disagree about it)
+  kFailedPrecondition = 2, // e.g. used before init
+  kAborted = 3,            // shut down, or a peer shut down, while the request was pending
+  kInternal = 4,           // MPI or the runtime itself failed
+};
+
+class Status {
+ public:
+  Status() = default;
+  static Status Ok() { return Status(); }
+  static Status InvalidArgument(std::string m) { return Status(StatusCode::kInvalidArgument, std::move(m)); }
+  static Status FailedPrecondition(std::string m) { return Status(StatusCode::kFailedPrecondition, std::move(m)); }
+  static Status Aborted(std::string m) { return Status(StatusCode::kAborted, std::move(m)); }
+  static Status Internal(std::string m) { return Status(StatusCode::kInternal, std::move(m)); }
+
+  bool ok() const { return code_ == StatusCode::kOk; }
+  StatusCode code() const { return code_; }
+  const std::string& message() const { return message_; }
+
+ private:
+  Status(StatusCode c, std::string m) : code_(c), message_(std::move(m)) {}
+  StatusCode code_ = StatusCode::kOk;
+  std::string message_;
+};
+
+}  // namespace mlsl

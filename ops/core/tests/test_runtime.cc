@@ -1,0 +1,319 @@
+// The runtime end to end: N ranks as threads over the fake communicator.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <numeric>
+
+#include "../half.h"
+#include "harness.h"
+
+using namespace mlsl;
+using namespace mlsl_test;
+
+static Request Allreduce(const std::string& name, TensorInput in, DataType dtype, ReduceOp op = ReduceOp::kSum) {
+  Request r;
+  r.name = name;
+  r.op = OpType::kAllreduce;
+  r.dtype = dtype;
+  r.reduce_op = op;
+  r.inputs = {std::move(in)};
+  return r;
+}
+
+template <typename T> static void AllreduceOps(DataType dtype, int n) {
+  RunRanks(n, [&](int rank, Runtime& rt) {
+    std::vector<T> x = {T(rank + 1), T(2 * rank + 1), T(3)};
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProduct}) {
+      auto f = Submit(rt, Allreduce(std::string("ar_") + ReduceOpName(op), Input(x, {3}), dtype, op));
+      Result res = Get(f);
+      CHECK(res.status.ok());
+      auto got = res.As<T>();
+      for (int i = 0; i < 3; ++i) {
+        double want = op == ReduceOp::kProduct ? 1 : op == ReduceOp::kMin ? 1e300 : op == ReduceOp::kMax ? -1e300 : 0;
+        for (int r = 0; r < n; ++r) {
+          double v = i == 0 ? r + 1 : i == 1 ? 2 * r + 1 : 3;
+          if (op == ReduceOp::kSum) want += v;
+          if (op == ReduceOp::kProduct) want *= v;
+          if (op == ReduceOp::kMin) want = std::min(want, v);
+          if (op == ReduceOp::kMax) want = std::max(want, v);
+        }
+        CHECK_EQ(double(got[i]), want);
+      }
+    }
+  });
+}
+
+TEST(allreduce_ops_native_types_three_ranks) {
+  AllreduceOps<int32_t>(DataType::kInt32, 3);
+  AllreduceOps<int64_t>(DataType::kInt64, 3);
+  AllreduceOps<float>(DataType::kFloat32, 3);
+  AllreduceOps<double>(DataType::kFloat64, 2);
+  AllreduceOps<uint8_t>(DataType::kUint8, 2);
+  AllreduceOps<int8_t>(DataType::kInt8, 2);
+}
+
+TEST(allreduce_average_and_scaling_float16) {
+  RunRanks(2, [](int rank, Runtime& rt) {
+    std::vector<uint16_t> x = {FloatToFp16(rank ? 3.0f : 1.0f), FloatToFp16(rank ? -4.0f : 0.0f)};
+    Request r = Allreduce("avg16", Input(x, {2}), DataType::kFloat16, ReduceOp::kAverage);
+    r.prescale = 2.0;
+    r.postscale = 0.5;
+    auto f = Submit(rt, std::move(r));
+    Result res = Get(f);
+    CHECK(res.status.ok());
+    auto got = res.As<uint16_t>();
+    CHECK_EQ(Fp16ToFloat(got[0]), 2.0f);   // ((1+3)*2/2)*0.5
+    CHECK_EQ(Fp16ToFloat(got[1]), -2.0f);
+  });
+}
+
+TEST(grouped_allreduce_packs_and_unpacks) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    std::vector<float> a = {1.0f * rank, 2.0f}, b(5, float(rank)), c;  // c is empty
+    Request r;
+    r.name = "grouped";
+    r.dtype = DataType::kFloat32;
+    r.inputs = {Input(a, {2}), Input(b, {5}), Input(c, {0})};
+    auto f = Submit(rt, std::move(r));
+    Result res = Get(f);
+    CHECK(res.status.ok());
+    CHECK(res.As<float>(0) == (std::vector<float>{3.0f, 6.0f}));
+    CHECK(res.As<float>(1) == std::vector<float>(5, 3.0f));
+    CHECK_EQ(res.shapes[2].size(), size_t(1));
+  });
+}
+
+TEST(allgather_uneven_first_dimension) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    std::vector<int32_t> x(2 * (rank + 1), rank);  // rank r has r+1 rows of 2
+    Request r;
+    r.name = "ag";
+    r.op = OpType::kAllgather;
+    r.dtype = DataType::kInt32;
+    r.inputs = {Input(x, {rank + 1, 2})};
+    auto f = Submit(rt, std::move(r));
+    Result res = Get(f);
+    CHECK(res.status.ok());
+    CHECK(res.shapes[0] == (Shape{6, 2}));
+    CHECK(res.As<int32_t>() == (std::vector<int32_t>{0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2}));
+  });
+}
+
+TEST(broadcast_from_every_root) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    for (int root = 0; root < 3; ++root) {
+      std::vector<double> x = {double(rank * 10), double(rank)};
+      Request r;
+      r.name = "bc" + std::to_string(root);
+      r.op = OpType::kBroadcast;
+      r.dtype = DataType::kFloat64;
+      r.root = root;
+      r.inputs = {Input(x, {2})};
+      auto f = Submit(rt, std::move(r));
+      Result res = Get(f);
+      CHECK(res.status.ok());
+      CHECK(res.As<double>() == (std::vector<double>{root * 10.0, double(root)}));
+    }
+  });
+}
+
+TEST(alltoall_with_splits_returns_received_splits) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    // rank r sends (d + r) rows of value 100*r + d to rank d
+    std::vector<int64_t> splits = {rank, rank + 1, rank + 2};
+    std::vector<int64_t> x;
+    for (int d = 0; d < 3; ++d) for (int i = 0; i < splits[d]; ++i) x.push_back(100 * rank + d);
+    Request r;
+    r.name = "a2a";
+    r.op = OpType::kAlltoall;
+    r.dtype = DataType::kInt64;
+    r.splits = splits;
+    r.inputs = {Input(x, {int64_t(x.size())})};
+    auto f = Submit(rt, std::move(r));
+    Result res = Get(f);
+    CHECK(res.status.ok());
+    std::vector<int64_t> want;
+    std::vector<int32_t> want_splits;
+    for (int s = 0; s < 3; ++s) {
+      want_splits.push_back(rank + s);
+      for (int i = 0; i < rank + s; ++i) want.push_back(100 * s + rank);
+    }
+    CHECK(res.As<int64_t>(0) == want);
+    CHECK(res.As<int32_t>(1) == want_splits);
+  });
+}
+
+TEST(reducescatter_uneven_rows_average) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    std::vector<float> x(5 * 2);
+    for (int i = 0; i < 10; ++i) x[i] = float(i + rank);
+    Request r;
+    r.name = "rs";
+    r.op = OpType::kReducescatter;
+    r.dtype = DataType::kFloat32;
+    r.reduce_op = ReduceOp::kAverage;
+    r.inputs = {Input(x, {5, 2})};
+    auto f = Submit(rt, std::move(r));
+    Result res = Get(f);
+    CHECK(res.status.ok());
+    int rows = rank < 2 ? 2 : 1, first = rank == 0 ? 0 : rank == 1 ? 2 : 4;
+    CHECK(res.shapes[0] == (Shape{rows, 2}));
+    auto got = res.As<float>();
+    for (int i = 0; i < rows * 2; ++i) CHECK_EQ(got[i], float(first * 2 + i + 1));  // mean of i+0, i+1, i+2
+  });
+}
+
+TEST(mismatched_shapes_fail_on_every_rank) {
+  RunRanks(2, [](int rank, Runtime& rt) {
+    std::vector<float> x(rank ? 3 : 2, 1.0f);
+    auto f = Submit(rt, Allreduce("bad", Input(x, {int64_t(x.size())}), DataType::kFloat32));
+    Result res = Get(f);
+    CHECK(!res.status.ok());
+    CHECK_CONTAINS(res.status.message(), "'bad'");
+    CHECK_CONTAINS(res.status.message(), "shape [2] on rank 0 vs [3] on rank 1");
+    // the runtime is still usable afterwards
+    auto g = Submit(rt, Allreduce("good", Input(x, {1}), DataType::kFloat32));
+    CHECK(Get(g).status.ok());
+  });
+}
+
+TEST(mismatched_root_and_op_fail_on_every_rank) {
+  RunRanks(2, [](int rank, Runtime& rt) {
+    std::vector<float> x(2, 1.0f);
+    Request r;
+    r.name = "root";
+    r.op = OpType::kBroadcast;
+    r.root = rank;
+    r.inputs = {Input(x, {2})};
+    auto f = Submit(rt, std::move(r));
+    CHECK_CONTAINS(Get(f).status.message(), "root_rank 0 on rank 0 vs 1 on rank 1");
+    auto g = Submit(rt, Allreduce("op", Input(x, {2}), DataType::kFloat32, rank ? ReduceOp::kMax : ReduceOp::kSum));
+    CHECK_CONTAINS(Get(g).status.message(), "reduction Sum on rank 0 vs Max on rank 1");
+  });
+}
+
+TEST(local_input_error_reaches_every_rank) {
+  RunRanks(2, [](int rank, Runtime& rt) {
+    std::vector<float> x(4, 1.0f);
+    Request r;
+    r.name = "splits";
+    r.op = OpType::kAlltoall;
+    r.splits = rank ? std::vector<int64_t>{1, 1} : std::vector<int64_t>{2, 2};  // rank 1's sum is wrong
+    r.inputs = {Input(x, {4})};
+    auto f = Submit(rt, std::move(r));
+    Result res = Get(f);
+    CHECK(!res.status.ok());
+    CHECK_CONTAINS(res.status.message(), "rank 1: alltoall splits sum to 2 but the first dimension is 4");
+  });
+}
+
+TEST(different_submission_orders_agree) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    std::vector<std::vector<float>> data(6);
+    std::vector<int> order(6);
+    std::iota(order.begin(), order.end(), 0);
+    if (rank == 1) std::reverse(order.begin(), order.end());
+    if (rank == 2) std::rotate(order.begin(), order.begin() + 2, order.end());
+    std::vector<std::future<Result>> fs(6);
+    for (int i : order) {
+      data[i].assign(i + 1, float(i * (rank + 1)));
+      fs[i] = Submit(rt, Allreduce("t" + std::to_string(i), Input(data[i], {i + 1}), DataType::kFloat32));
+    }
+    for (int i = 0; i < 6; ++i) {
+      Result res = Get(fs[i]);
+      CHECK(res.status.ok());
+      CHECK(res.As<float>() == std::vector<float>(i + 1, float(i * 6)));
+    }
+  });
+}
+
+TEST(cached_names_renegotiate_when_shapes_change) {
+  RunRanks(2, [](int rank, Runtime& rt) {
+    for (int step = 0; step < 4; ++step) {
+      int len = step < 2 ? 2 : 3;  // both ranks change shape at step 2: fine
+      std::vector<int32_t> x(len, rank + step);
+      auto f = Submit(rt, Allreduce("step", Input(x, {len}), DataType::kInt32));
+      Result res = Get(f);
+      CHECK(res.status.ok());
+      CHECK(res.As<int32_t>() == std::vector<int32_t>(len, 1 + 2 * step));
+    }
+    // now only rank 1 changes: a cached id must not let a wrong shape through
+    std::vector<int32_t> y(rank ? 4 : 3, 1);
+    auto f = Submit(rt, Allreduce("step", Input(y, {int64_t(y.size())}), DataType::kInt32));
+    CHECK_CONTAINS(Get(f).status.message(), "shape [3] on rank 0 vs [4] on rank 1");
+  });
+}
+
+TEST(duplicate_pending_name_is_refused) {
+  RunRanks(2, [](int rank, Runtime& rt) {
+    std::vector<float> x(1, 1.0f);
+    if (rank == 0) {
+      auto a = Submit(rt, Allreduce("dup", Input(x, {1}), DataType::kFloat32));
+      auto b = Submit(rt, Allreduce("dup", Input(x, {1}), DataType::kFloat32));
+      CHECK_CONTAINS(Get(b).status.message(), "already pending");
+      CHECK(Get(a).status.ok());
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      auto a = Submit(rt, Allreduce("dup", Input(x, {1}), DataType::kFloat32));
+      CHECK(Get(a).status.ok());
+    }
+  });
+}
+
+TEST(peer_shutdown_fails_pending_requests) {
+  auto world = std::make_shared<FakeWorld>(2);
+  Runtime r0(std::make_unique<FakeCommunicator>(world, 0));
+  Runtime r1(std::make_unique<FakeCommunicator>(world, 1));
+  std::vector<float> x(1, 1.0f);
+  auto f = Submit(r0, Allreduce("never", Input(x, {1}), DataType::kFloat32));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  r1.Shutdown();
+  Result res = Get(f);
+  CHECK(res.status.code() == StatusCode::kAborted);
+  CHECK_CONTAINS(res.status.message(), "rank 1 shut down");
+  CHECK_CONTAINS(res.status.message(), "'never'");
+  auto g = Submit(r0, Allreduce("later", Input(x, {1}), DataType::kFloat32));
+  CHECK_CONTAINS(Get(g).status.message(), "rank 1 shut down");
+  r0.Shutdown();
+}
+
+TEST(join_contributes_identity_and_returns_last_rank) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    std::vector<float> x(2, float(rank + 1));
+    Request join;
+    join.name = "join";
+    join.op = OpType::kJoin;
+    join.dtype = DataType::kInt32;
+    if (rank == 0) {
+      auto j = Submit(rt, std::move(join));
+      Result res = Get(j);
+      CHECK(res.status.ok());
+      CHECK_EQ(res.As<int32_t>()[0], 2);
+    } else {
+      // ranks 1 and 2 keep reducing after rank 0 has joined; rank 0 contributes zeros / +inf
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      auto s = Submit(rt, Allreduce("after_join", Input(x, {2}), DataType::kFloat32));
+      CHECK(Get(s).As<float>() == std::vector<float>(2, 5.0f));
+      auto m = Submit(rt, Allreduce("min_after_join", Input(x, {2}), DataType::kFloat32, ReduceOp::kMin));
+      CHECK(Get(m).As<float>() == std::vector<float>(2, 2.0f));
+      if (rank == 2) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      auto j = Submit(rt, std::move(join));
+      Result res = Get(j);
+      CHECK(res.status.ok());
+      CHECK_EQ(res.As<int32_t>()[0], 2);
+    }
+  });
+}
+
+TEST(barrier_and_size_one) {
+  RunRanks(1, [](int, Runtime& rt) {
+    Request b;
+    b.name = "barrier";
+    b.op = OpType::kBarrier;
+    auto f = Submit(rt, std::move(b));
+    CHECK(Get(f).status.ok());
+    std::vector<float> x = {2.0f};
+    auto g = Submit(rt, Allreduce("one", Input(x, {1}), DataType::kFloat32, ReduceOp::kAverage));
+    CHECK(Get(g).As<float>() == std::vector<float>{2.0f});
+  });
+}
