@@ -1,0 +1,68 @@
+# mlsl_tf build and test entry points. The two README commands are `make example` and
+# `make test`; both create the virtualenv (.venv) first when it is missing.
+#
+#   make venv        create .venv with TensorFlow, MPICH, mpi4py, ... (requirements.txt)
+#   make lib         compile ops/ into mlsl_tf/_mlsl_tf.so against the installed TF and MPI
+#   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
+#   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks)
+#   make example     train the digits CNN on 2 ranks
+
+VENV      ?= .venv
+PYTHON    ?= $(VENV)/bin/python
+# MPI: the mpicxx next to the interpreter (PyPI's mpich wheel) or any mpicxx on PATH.
+MPICXX    ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpicxx ]; then echo $$d/mpicxx; else echo mpicxx; fi)
+MPIEXEC   ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpiexec ]; then echo $$d/mpiexec; else echo mpiexec; fi)
+CXXSTD    := -std=c++17 -O2 -g -fPIC -pthread -Wall -Wno-deprecated-declarations -Wno-unused-parameter -Wno-sign-compare
+# pip's isolated build environments hide site-packages: ask the interpreter with a clean env.
+TF_PY      = env -u PYTHONPATH -u PYTHONNOUSERSITE -u PYTHONHOME $(PYTHON)
+TF_CFLAGS  = $(shell $(TF_PY) -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))' 2>/dev/null)
+TF_LFLAGS  = $(shell $(TF_PY) -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))' 2>/dev/null)
+
+CORE_SRC  := $(filter-out ops/core/mpi_communicator.cc ops/core/c_api.cc,$(wildcard ops/core/*.cc))
+MPI_SRC   := ops/core/mpi_communicator.cc ops/core/c_api.cc
+TF_SRC    := $(wildcard ops/tf/*.cc)
+TEST_SRC  := $(wildcard ops/core/tests/*.cc)
+HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
+LIB       := mlsl_tf/_mlsl_tf.so
+TIMEOUT   ?= 600
+
+.PHONY: venv lib core-tests test test-unit test-mpi example clean
+
+$(VENV)/.stamp: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -r requirements.txt
+	touch $@
+
+venv: $(VENV)/.stamp
+
+$(LIB): $(CORE_SRC) $(MPI_SRC) $(TF_SRC) $(HEADERS)
+	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow is not importable by $(PYTHON)"; exit 1)
+	$(MPICXX) $(CXXSTD) -shared $(TF_CFLAGS) -Iops $(CORE_SRC) $(MPI_SRC) $(TF_SRC) -o $@ $(TF_LFLAGS)
+
+lib: $(LIB)
+
+build/core_tests: $(CORE_SRC) $(TEST_SRC) $(HEADERS)
+	@mkdir -p build
+	$(CXX) $(CXXSTD) -Wextra -Iops/core $(CORE_SRC) $(TEST_SRC) -o $@
+
+core-tests: build/core_tests
+	timeout 300 build/core_tests
+
+test-unit: venv lib
+	$(PYTHON) -m pytest -q tests/unit
+
+# Each multi-rank file runs under its own timeout: a hang is a failure.
+test-mpi: venv lib
+	@set -e; for n in 2 3; do for f in tests/mpi/test_*.py; do \
+	  echo "== mpiexec -n $$n $$f"; \
+	  timeout $(TIMEOUT) $(MPIEXEC) -n $$n $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
+	done; done
+
+test: venv core-tests lib test-unit test-mpi
+
+example: venv lib
+	$(PYTHON) -m mlsl_tf.runner -np 2 $(PYTHON) examples/keras_digits.py
+
+clean:
+	rm -rf build $(LIB)

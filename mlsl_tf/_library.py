@@ -1,0 +1,56 @@
+"""Loads the compiled library once: as a TensorFlow op library (the kernels) and through
+ctypes (the C API of ops/core/c_api.h). Both are the same shared object, so they share the one
+Runtime the C API holds."""
+
+import ctypes
+import functools
+import os
+
+LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_mlsl_tf.so")
+
+
+def _check_built():
+    if not os.path.exists(LIBRARY_PATH):
+        raise ImportError(
+            f"mlsl_tf's compiled ops are missing ({LIBRARY_PATH}); build them with `make lib` "
+            "or install the package with `pip install .` into an environment with TensorFlow and MPI")
+
+
+@functools.lru_cache(maxsize=None)
+def load_ops():
+    """The TensorFlow op module (tf.load_op_library) with the Mlsl* ops."""
+    _check_built()
+    import tensorflow as tf
+    return tf.load_op_library(LIBRARY_PATH)
+
+
+@functools.lru_cache(maxsize=None)
+def c_api():
+    """The ctypes handle on the C API, with argument and result types declared."""
+    load_ops()  # resolves the TensorFlow symbols the library needs first
+    lib = ctypes.CDLL(LIBRARY_PATH, mode=ctypes.RTLD_GLOBAL)
+    for fn in ("init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
+               "cross_rank", "cross_size", "mpi_threads_supported", "setting_count"):
+        getattr(lib, "mlsl_tf_" + fn).restype = ctypes.c_int
+        getattr(lib, "mlsl_tf_" + fn).argtypes = []
+    lib.mlsl_tf_last_error.restype = ctypes.c_char_p
+    lib.mlsl_tf_last_error.argtypes = []
+    for fn in ("name", "default", "doc"):
+        getattr(lib, "mlsl_tf_setting_" + fn).restype = ctypes.c_char_p
+        getattr(lib, "mlsl_tf_setting_" + fn).argtypes = [ctypes.c_int]
+    return lib
+
+
+def last_error():
+    return c_api().mlsl_tf_last_error().decode()
+
+
+def settings():
+    """Every MLSL_TF_* setting the library declares: {name: (default, doc, current value)}."""
+    lib = c_api()
+    out = {}
+    for i in range(lib.mlsl_tf_setting_count()):
+        name = lib.mlsl_tf_setting_name(i).decode()
+        default = lib.mlsl_tf_setting_default(i).decode()
+        out[name] = (default, lib.mlsl_tf_setting_doc(i).decode(), os.environ.get(name) or default)
+    return out

@@ -1,0 +1,120 @@
+"""Process-level API: init, shutdown and the rank/size queries, with Horovod's names."""
+
+import atexit
+
+from mlsl_tf import _library
+
+
+class NotInitializedError(ValueError):
+    """Raised when the API is used before mlsl_tf.init()."""
+
+
+_atexit_registered = []
+
+
+def init(comm=None, process_sets=None):
+    """Starts the runtime: initialises MPI if needed (or reuses the one mpi4py initialised) and
+    the background thread. Collective over all ranks. Calling it again is harmless."""
+    if comm is not None:
+        try:
+            from mpi4py import MPI
+        except ImportError:  # pragma: no cover - comm given without mpi4py is a user error
+            MPI = None
+        if MPI is None or comm != MPI.COMM_WORLD:
+            raise ValueError("mlsl_tf.init(comm=...) supports only None or mpi4py's MPI.COMM_WORLD")
+    if process_sets is not None:
+        raise ValueError("mlsl_tf.init(process_sets=...) is not supported yet; create groups after init")
+    lib = _library.c_api()
+    if lib.mlsl_tf_init() != 0:
+        raise RuntimeError("mlsl_tf.init() failed: " + _library.last_error())
+    if not _atexit_registered:
+        atexit.register(shutdown)
+        _atexit_registered.append(True)
+
+
+def shutdown():
+    """Stops the runtime on this rank. Other ranks' pending collectives then fail with an error
+    naming this rank. init() may be called again afterwards."""
+    _library.c_api().mlsl_tf_shutdown()
+
+
+def is_initialized():
+    return bool(_library.c_api().mlsl_tf_is_initialized())
+
+
+def _query(fn):
+    value = getattr(_library.c_api(), "mlsl_tf_" + fn)()
+    if value < 0:
+        raise NotInitializedError(_library.last_error())
+    return value
+
+
+def rank():
+    """This process's rank among all ranks."""
+    return _query("rank")
+
+
+def size():
+    """The number of ranks."""
+    return _query("size")
+
+
+def local_rank():
+    """This process's rank among the ranks on its machine."""
+    return _query("local_rank")
+
+
+def local_size():
+    """The number of ranks on this machine."""
+    return _query("local_size")
+
+
+def cross_rank():
+    """The index of this machine among machines (ranks with the same local_rank)."""
+    return _query("cross_rank")
+
+
+def cross_size():
+    """The number of machines (ranks with the same local_rank as this one)."""
+    return _query("cross_size")
+
+
+def mpi_threads_supported():
+    """Whether MPI runs with MPI_THREAD_MULTIPLE."""
+    return bool(_library.c_api().mlsl_tf_mpi_threads_supported())
+
+
+def mpi_enabled():
+    return True
+
+
+def mpi_built():
+    return True
+
+
+def gloo_enabled():
+    return False
+
+
+def gloo_built():
+    return False
+
+
+def nccl_built():
+    return False
+
+
+def ddl_built():
+    return False
+
+
+def ccl_built():
+    return False
+
+
+def cuda_built():
+    return False
+
+
+def rocm_built():
+    return False

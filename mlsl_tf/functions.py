@@ -1,0 +1,55 @@
+"""Helpers built on the collectives: broadcasting variables and Python objects."""
+
+import pickle
+
+import numpy as np
+import tensorflow as tf
+
+from mlsl_tf import ops
+from mlsl_tf.basics import rank
+
+
+def broadcast_variables(variables, root_rank, process_set=None):
+    """Assigns root_rank's value to each variable on every rank (all broadcasts in flight at once)."""
+    variables = list(variables)
+    if not variables:
+        return
+
+    @tf.function
+    def _broadcast():
+        for i, v in enumerate(variables):
+            vname = getattr(v, "path", None) or v.name
+            v.assign(ops.broadcast(v, root_rank, name=f"mlsl.broadcast_variables.{i}.{ops._normalize_name(vname)}",
+                                   ignore_name_scope=True, process_set=process_set))
+
+    _broadcast()
+
+
+def _to_bytes_tensor(obj):
+    return tf.constant(np.frombuffer(pickle.dumps(obj), dtype=np.uint8))
+
+
+def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
+    """Returns root_rank's `obj` (any picklable object) on every rank."""
+    name = name or "mlsl.broadcast_object"
+    payload = _to_bytes_tensor(obj) if rank() == root_rank else tf.zeros([0], tf.uint8)
+    length = ops.broadcast(tf.constant([int(payload.shape[0])], tf.int64), root_rank, name=name + ".size",
+                           process_set=process_set)
+    if rank() != root_rank:
+        payload = tf.zeros([int(length.numpy()[0])], tf.uint8)
+    data = ops.broadcast(payload, root_rank, name=name + ".data", process_set=process_set)
+    return pickle.loads(data.numpy().tobytes())
+
+
+def allgather_object(obj, session=None, name=None, process_set=None):
+    """Returns the list of every rank's `obj`, in rank order."""
+    name = name or "mlsl.allgather_object"
+    payload = _to_bytes_tensor(obj)
+    sizes = ops.allgather(tf.constant([int(payload.shape[0])], tf.int64), name=name + ".sizes",
+                          process_set=process_set).numpy()
+    data = ops.allgather(payload, name=name + ".data", process_set=process_set).numpy().tobytes()
+    out, offset = [], 0
+    for n in sizes:
+        out.append(pickle.loads(data[offset:offset + int(n)]))
+        offset += int(n)
+    return out

@@ -1,0 +1,223 @@
+"""The collective operations (Horovod's signatures) and their gradients."""
+
+import re
+
+import tensorflow as tf
+
+from mlsl_tf import _library
+from mlsl_tf.basics import rank, size
+from mlsl_tf.compression import Compression
+
+# Reduction ops; the numbers are Horovod's and are the C++ core's ReduceOp values.
+Average = 0
+Sum = 1
+Adasum = 2
+Min = 3
+Max = 4
+Product = 5
+
+_REDUCE_NAMES = {Average: "Average", Sum: "Sum", Adasum: "Adasum", Min: "Min", Max: "Max", Product: "Product"}
+
+
+def _ops():
+    return _library.load_ops()
+
+
+def _normalize_name(name):
+    return re.sub("[^a-zA-Z0-9_]", "_", name)
+
+
+def _tensor_name(name, prefix, tensor, ignore_name_scope=False):
+    """The collective's cross-rank name. Eager: the given name, or "" (the kernel then uses its
+    op name; eager ops run one at a time). Graph: the given name inside the current name scope,
+    or one derived from the input tensor's graph name, which is the same on every rank."""
+    if tf.executing_eagerly():
+        return name or ""
+    if name is None:
+        return f"{prefix}_{_normalize_name(tensor.name)}"
+    if ignore_name_scope:
+        return name
+    scope = tf.compat.v1.get_default_graph().get_name_scope()
+    return f"{scope}/{name}" if scope else name
+
+
+def _resolve_op(op, average, default=Average):
+    if average is not None:
+        if op is not None:
+            raise ValueError("allreduce: pass either op= or the deprecated average=, not both")
+        return Average if average else Sum
+    op = default if op is None else op
+    if op not in _REDUCE_NAMES:
+        raise ValueError(f"unknown reduction op {op!r}; use mlsl_tf.Average, Sum, Min, Max or Product")
+    if op == Adasum:
+        raise NotImplementedError("the Adasum reduction is not supported by mlsl_tf")
+    return op
+
+
+def _group_id(process_set):
+    if process_set is None:
+        return 0
+    return int(getattr(process_set, "process_set_id", process_set))
+
+
+def _allreduce(tensor, op=Sum, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None,
+               ignore_name_scope=False, priority=0):
+    """The raw op: no compression, no IndexedSlices handling."""
+    return _ops().mlsl_allreduce(
+        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        tensor_name=_tensor_name(name, "MlslAllreduce", tensor, ignore_name_scope),
+        priority=priority, process_set_id=_group_id(process_set))
+
+
+def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
+              prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False,
+              priority=0):
+    """Reduces `tensor` over all ranks (default op: Average). IndexedSlices are allgathered
+    (values and indices), as Horovod does; `compression` casts around the collective."""
+    op = _resolve_op(op, average)
+    if isinstance(tensor, tf.IndexedSlices):
+        if op not in (Average, Sum):
+            raise NotImplementedError("IndexedSlices gradients support only Sum and Average")
+        values = allgather(tensor.values, name=None if name is None else name + ".values", process_set=process_set,
+                           ignore_name_scope=ignore_name_scope, priority=priority)
+        indices = allgather(tensor.indices, name=None if name is None else name + ".indices",
+                            process_set=process_set, ignore_name_scope=ignore_name_scope, priority=priority)
+        scale = prescale_factor * postscale_factor / (size() if op == Average else 1)
+        if scale != 1.0:
+            values = values * tf.cast(scale, values.dtype)
+        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+    tensor = tf.convert_to_tensor(tensor)
+    compressed, ctx = compression.compress(tensor)
+    reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set, ignore_name_scope,
+                         priority)
+    return compression.decompress(reduced, ctx)
+
+
+def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
+                      op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None,
+                      ignore_name_scope=False, priority=0):
+    """Allreduces a list of tensors as one negotiated, fused collective (one per dtype)."""
+    op = _resolve_op(op, average)
+    tensors = [tf.convert_to_tensor(t) for t in tensors]
+    if not tensors:
+        return []
+    compressed = [compression.compress(t) for t in tensors]
+    by_dtype = {}
+    for i, (t, _) in enumerate(compressed):
+        by_dtype.setdefault(t.dtype, []).append(i)
+    results = [None] * len(tensors)
+    for k, (dtype, idx) in enumerate(sorted(by_dtype.items(), key=lambda kv: kv[0].name)):
+        group = [compressed[i][0] for i in idx]
+        base = None if name is None else (name if len(by_dtype) == 1 else f"{name}.{dtype.name}")
+        out = _ops().mlsl_grouped_allreduce(
+            group, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            tensor_name=_tensor_name(base, "MlslGroupedAllreduce", group[0], ignore_name_scope),
+            priority=priority, process_set_id=_group_id(process_set))
+        for i, o in zip(idx, out):
+            results[i] = compression.decompress(o, compressed[i][1])
+    return results
+
+
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, priority=0):
+    """Concatenates every rank's tensor along the first dimension (which may differ per rank)."""
+    tensor = tf.convert_to_tensor(tensor)
+    return _ops().mlsl_allgather(tensor, tensor_name=_tensor_name(name, "MlslAllgather", tensor, ignore_name_scope),
+                                 priority=priority, process_set_id=_group_id(process_set))
+
+
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None, priority=0):
+    """Every rank receives root_rank's tensor."""
+    tensor = tf.convert_to_tensor(tensor)
+    return _ops().mlsl_broadcast(tensor, root_rank=root_rank,
+                                 tensor_name=_tensor_name(name, "MlslBroadcast", tensor, ignore_name_scope),
+                                 priority=priority, process_set_id=_group_id(process_set))
+
+
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None, priority=0):
+    """Sends splits[r] rows of `tensor` to rank r (equal parts when splits is None).
+    Returns (received tensor, received_splits)."""
+    tensor = tf.convert_to_tensor(tensor)
+    splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
+    return _ops().mlsl_alltoall(tensor, splits, tensor_name=_tensor_name(name, "MlslAlltoall", tensor,
+                                                                         ignore_name_scope),
+                                priority=priority, process_set_id=_group_id(process_set))
+
+
+def reducescatter(tensor, op=Average, name=None, process_set=None, ignore_name_scope=False, prescale_factor=1.0,
+                  postscale_factor=1.0, priority=0):
+    """Reduces over all ranks; rank r keeps the r-th block of rows (the first dim0 % size ranks
+    get one row more)."""
+    op = _resolve_op(op, None)
+    tensor = tf.convert_to_tensor(tensor)
+    return _ops().mlsl_reducescatter(
+        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        tensor_name=_tensor_name(name, "MlslReducescatter", tensor, ignore_name_scope),
+        priority=priority, process_set_id=_group_id(process_set))
+
+
+def barrier(process_set=None, name=None):
+    """Returns when every rank has reached it."""
+    return _ops().mlsl_barrier(tensor_name=name or "", process_set_id=_group_id(process_set))
+
+
+def join():
+    """Marks this rank as finished: until every rank has joined, this rank contributes the
+    identity (zeros for Sum) to the others' collectives. Returns the last rank to join."""
+    return int(_ops().mlsl_join())
+
+
+# ---- gradients ------------------------------------------------------------------------------
+
+@tf.RegisterGradient("MlslAllreduce")
+def _allreduce_grad(op, grad):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Sum, Average):
+        raise NotImplementedError(f"the gradient of allreduce with {_REDUCE_NAMES[reduce_op]} is not defined")
+    return _allreduce(grad, reduce_op, op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
+                      process_set=op.get_attr("process_set_id") or None)
+
+
+@tf.RegisterGradient("MlslGroupedAllreduce")
+def _grouped_allreduce_grad(op, *grads):
+    reduce_op = op.get_attr("reduce_op")
+    if reduce_op not in (Sum, Average):
+        raise NotImplementedError(f"the gradient of allreduce with {_REDUCE_NAMES[reduce_op]} is not defined")
+    grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs)]
+    return grouped_allreduce(grads, op=reduce_op, prescale_factor=op.get_attr("prescale_factor"),
+                             postscale_factor=op.get_attr("postscale_factor"),
+                             process_set=op.get_attr("process_set_id") or None)
+
+
+@tf.RegisterGradient("MlslAllgather")
+def _allgather_grad(op, grad):
+    """Sum the upstream gradient over ranks, then keep this rank's rows."""
+    group = op.get_attr("process_set_id") or None
+    grad = _allreduce(grad, Sum, process_set=group)
+    rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
+    all_rows = allgather(rows, process_set=group)
+    offset = tf.reduce_sum(all_rows[:rank()])
+    return grad[offset:offset + rows[0]]
+
+
+@tf.RegisterGradient("MlslBroadcast")
+def _broadcast_grad(op, grad):
+    reduced = _allreduce(grad, Sum, process_set=op.get_attr("process_set_id") or None)
+    if rank() != op.get_attr("root_rank"):
+        return reduced * 0
+    return reduced
+
+
+@tf.RegisterGradient("MlslAlltoall")
+def _alltoall_grad(op, grad, _received_splits_grad):
+    back, _ = alltoall(grad, splits=op.outputs[1], process_set=op.get_attr("process_set_id") or None)
+    return back, None
+
+
+@tf.RegisterGradient("MlslReducescatter")
+def _reducescatter_grad(op, grad):
+    reduce_op = op.get_attr("reduce_op")
+    out = allgather(grad, process_set=op.get_attr("process_set_id") or None)
+    scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
+    if reduce_op == Average:
+        scale /= size()
+    return out * tf.cast(scale, out.dtype) if scale != 1.0 else out

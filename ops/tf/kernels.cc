@@ -1,0 +1,224 @@
+// AsyncOpKernels for the collectives. Every kernel has the same shape: read attrs, wrap the
+// inputs in an mlsl::Request, submit it to the runtime, and in the request's callbacks
+// allocate outputs and finish with SetStatus + done. All logic lives in ops/core.
+#include <memory>
+#include <string>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+
+#include "../core/c_api.h"
+#include "../core/request.h"
+#include "../core/runtime.h"
+
+namespace mlsl_tf {
+
+using tensorflow::AsyncOpKernel;
+using tensorflow::OpKernelConstruction;
+using tensorflow::OpKernelContext;
+using tensorflow::Tensor;
+using tensorflow::TensorShape;
+
+namespace {
+
+tensorflow::Status ToTf(const mlsl::Status& s) {
+  switch (s.code()) {
+    case mlsl::StatusCode::kOk: return tensorflow::Status();
+    case mlsl::StatusCode::kInvalidArgument: return tensorflow::errors::InvalidArgument(s.message());
+    case mlsl::StatusCode::kFailedPrecondition: return tensorflow::errors::FailedPrecondition(s.message());
+    case mlsl::StatusCode::kAborted: return tensorflow::errors::Aborted(s.message());
+    case mlsl::StatusCode::kInternal: return tensorflow::errors::Internal(s.message());
+  }
+  return tensorflow::errors::Unknown(s.message());
+}
+
+bool ToCore(tensorflow::DataType t, mlsl::DataType* out) {
+  switch (t) {
+    case tensorflow::DT_UINT8: *out = mlsl::DataType::kUint8; return true;
+    case tensorflow::DT_INT8: *out = mlsl::DataType::kInt8; return true;
+    case tensorflow::DT_INT32: *out = mlsl::DataType::kInt32; return true;
+    case tensorflow::DT_INT64: *out = mlsl::DataType::kInt64; return true;
+    case tensorflow::DT_HALF: *out = mlsl::DataType::kFloat16; return true;
+    case tensorflow::DT_BFLOAT16: *out = mlsl::DataType::kBfloat16; return true;
+    case tensorflow::DT_FLOAT: *out = mlsl::DataType::kFloat32; return true;
+    case tensorflow::DT_DOUBLE: *out = mlsl::DataType::kFloat64; return true;
+    case tensorflow::DT_BOOL: *out = mlsl::DataType::kBool; return true;
+    default: return false;
+  }
+}
+
+mlsl::Shape ShapeOf(const Tensor& t) {
+  mlsl::Shape s;
+  for (int i = 0; i < t.dims(); ++i) s.push_back(t.dim_size(i));
+  return s;
+}
+
+// Attrs every collective kernel reads, and the request skeleton built from them.
+class CollectiveKernel : public AsyncOpKernel {
+ public:
+  CollectiveKernel(OpKernelConstruction* c, mlsl::OpType op) : AsyncOpKernel(c), op_(op) {
+    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    if (c->HasAttr("priority")) OP_REQUIRES_OK(c, c->GetAttr("priority", &priority_));
+    if (c->HasAttr("process_set_id")) OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &group_));
+    if (c->HasAttr("reduce_op")) {
+      int v;
+      OP_REQUIRES_OK(c, c->GetAttr("reduce_op", &v));
+      OP_REQUIRES(c, v >= 0 && v <= 5, tensorflow::errors::InvalidArgument("unknown reduce_op ", v));
+      reduce_op_ = mlsl::ReduceOp(v);
+    }
+    if (c->HasAttr("prescale_factor")) OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
+    if (c->HasAttr("postscale_factor")) OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
+    if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+  }
+
+ protected:
+  // A request for this node's inputs [first, first+count), with outputs allocated on ctx.
+  std::unique_ptr<mlsl::Request> MakeRequest(OpKernelContext* ctx, int first, int count, DoneCallback done) {
+    auto r = std::make_unique<mlsl::Request>();
+    r->name = tensor_name_.empty() ? name() : tensor_name_;
+    r->op = op_;
+    r->reduce_op = reduce_op_;
+    r->prescale = prescale_;
+    r->postscale = postscale_;
+    r->root = root_;
+    r->priority = priority_;
+    r->group = group_;
+    for (int i = first; i < first + count; ++i) {
+      const Tensor& t = ctx->input(i);
+      r->inputs.push_back(mlsl::TensorInput{t.tensor_data().data(), ShapeOf(t)});
+    }
+    if (count > 0) ToCore(ctx->input(first).dtype(), &r->dtype);
+    r->allocate_output = [ctx](int index, const mlsl::Shape& shape, void** data) {
+      TensorShape ts;
+      for (int64_t d : shape) ts.AddDim(d);
+      Tensor* out = nullptr;
+      tensorflow::Status s = ctx->allocate_output(index, ts, &out);
+      if (!s.ok()) return mlsl::Status::Internal("could not allocate output: " + std::string(s.message()));
+      *data = const_cast<char*>(out->tensor_data().data());
+      return mlsl::Status::Ok();
+    };
+    r->done = [ctx, done](const mlsl::Status& s) {
+      ctx->SetStatus(ToTf(s));
+      done();
+    };
+    return r;
+  }
+
+  // Checks init and dtype, then hands the request over; finishes the op at once on error.
+  void Submit(OpKernelContext* ctx, std::unique_ptr<mlsl::Request> r, const DoneCallback& done) {
+    std::shared_ptr<mlsl::Runtime> rt = mlsl::CurrentRuntime();
+    OP_REQUIRES_ASYNC(ctx, rt != nullptr,
+                      tensorflow::errors::FailedPrecondition(
+                          "mlsl_tf has not been initialised: call mlsl_tf.init() before running '", r->name, "'"),
+                      done);
+    rt->Submit(std::move(r));
+  }
+
+  bool CheckDtype(OpKernelContext* ctx, int input, const DoneCallback& done) {
+    mlsl::DataType unused;
+    if (ctx->num_inputs() > input && !ToCore(ctx->input(input).dtype(), &unused)) {
+      ctx->SetStatus(tensorflow::errors::InvalidArgument("mlsl_tf does not support dtype ",
+                                                         tensorflow::DataTypeString(ctx->input(input).dtype())));
+      done();
+      return false;
+    }
+    return true;
+  }
+
+  const mlsl::OpType op_;
+  std::string tensor_name_;
+  int priority_ = 0, group_ = 0, root_ = 0;
+  mlsl::ReduceOp reduce_op_ = mlsl::ReduceOp::kSum;
+  float prescale_ = 1.0f, postscale_ = 1.0f;
+};
+
+template <mlsl::OpType kOp>
+class SingleTensorKernel : public CollectiveKernel {
+ public:
+  explicit SingleTensorKernel(OpKernelConstruction* c) : CollectiveKernel(c, kOp) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    if (!CheckDtype(ctx, 0, done)) return;
+    auto r = MakeRequest(ctx, 0, 1, done);
+    Submit(ctx, std::move(r), done);
+  }
+};
+
+class GroupedAllreduceKernel : public CollectiveKernel {
+ public:
+  explicit GroupedAllreduceKernel(OpKernelConstruction* c) : CollectiveKernel(c, mlsl::OpType::kAllreduce) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    if (!CheckDtype(ctx, 0, done)) return;
+    auto r = MakeRequest(ctx, 0, ctx->num_inputs(), done);
+    Submit(ctx, std::move(r), done);
+  }
+};
+
+class AlltoallKernel : public CollectiveKernel {
+ public:
+  explicit AlltoallKernel(OpKernelConstruction* c) : CollectiveKernel(c, mlsl::OpType::kAlltoall) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    if (!CheckDtype(ctx, 0, done)) return;
+    auto r = MakeRequest(ctx, 0, 1, done);
+    auto splits = ctx->input(1).flat<int32_t>();
+    for (int i = 0; i < splits.size(); ++i) r->splits.push_back(splits(i));
+    Submit(ctx, std::move(r), done);
+  }
+};
+
+class NoInputKernel : public CollectiveKernel {
+ public:
+  NoInputKernel(OpKernelConstruction* c, mlsl::OpType op) : CollectiveKernel(c, op) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    auto r = MakeRequest(ctx, 0, 0, done);
+    r->dtype = mlsl::DataType::kInt32;
+    Submit(ctx, std::move(r), done);
+  }
+};
+
+class BarrierKernel : public NoInputKernel {
+ public:
+  explicit BarrierKernel(OpKernelConstruction* c) : NoInputKernel(c, mlsl::OpType::kBarrier) {}
+};
+
+// Join has no tensor_name attr: every rank's join is the same rendezvous.
+class JoinKernel : public AsyncOpKernel {
+ public:
+  explicit JoinKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<mlsl::Runtime> rt = mlsl::CurrentRuntime();
+    OP_REQUIRES_ASYNC(ctx, rt != nullptr,
+                      tensorflow::errors::FailedPrecondition(
+                          "mlsl_tf has not been initialised: call mlsl_tf.init() before join()"),
+                      done);
+    auto r = std::make_unique<mlsl::Request>();
+    r->name = "join";
+    r->op = mlsl::OpType::kJoin;
+    r->dtype = mlsl::DataType::kInt32;
+    r->allocate_output = [ctx](int index, const mlsl::Shape&, void** data) {
+      Tensor* out = nullptr;
+      tensorflow::Status s = ctx->allocate_output(index, TensorShape({}), &out);
+      if (!s.ok()) return mlsl::Status::Internal("could not allocate output: " + std::string(s.message()));
+      *data = out->flat<int32_t>().data();
+      return mlsl::Status::Ok();
+    };
+    r->done = [ctx, done](const mlsl::Status& s) {
+      ctx->SetStatus(ToTf(s));
+      done();
+    };
+    rt->Submit(std::move(r));
+  }
+};
+
+}  // namespace
+
+using tensorflow::DEVICE_CPU;
+REGISTER_KERNEL_BUILDER(Name("MlslAllreduce").Device(DEVICE_CPU), SingleTensorKernel<mlsl::OpType::kAllreduce>);
+REGISTER_KERNEL_BUILDER(Name("MlslGroupedAllreduce").Device(DEVICE_CPU), GroupedAllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("MlslAllgather").Device(DEVICE_CPU), SingleTensorKernel<mlsl::OpType::kAllgather>);
+REGISTER_KERNEL_BUILDER(Name("MlslBroadcast").Device(DEVICE_CPU), SingleTensorKernel<mlsl::OpType::kBroadcast>);
+REGISTER_KERNEL_BUILDER(Name("MlslAlltoall").Device(DEVICE_CPU), AlltoallKernel);
+REGISTER_KERNEL_BUILDER(Name("MlslReducescatter").Device(DEVICE_CPU), SingleTensorKernel<mlsl::OpType::kReducescatter>);
+REGISTER_KERNEL_BUILDER(Name("MlslBarrier").Device(DEVICE_CPU), BarrierKernel);
+REGISTER_KERNEL_BUILDER(Name("MlslJoin").Device(DEVICE_CPU), JoinKernel);
+
+}  // namespace mlsl_tf
