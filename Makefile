@@ -36,9 +36,20 @@ $(VENV)/.stamp: requirements.txt
 
 venv: $(VENV)/.stamp
 
-$(LIB): $(CORE_SRC) $(MPI_SRC) $(TF_SRC) $(HEADERS)
+# One object per source (make -j builds them in parallel); any header change rebuilds all.
+OBJ := $(patsubst ops/%.cc,build/obj/%.o,$(CORE_SRC) $(MPI_SRC) $(TF_SRC))
+
+build/obj/core/%.o: ops/core/%.cc $(HEADERS)
+	@mkdir -p $(dir $@)
+	$(MPICXX) $(CXXSTD) -c $< -o $@
+
+build/obj/tf/%.o: ops/tf/%.cc $(HEADERS)
+	@mkdir -p $(dir $@)
 	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow is not importable by $(PYTHON)"; exit 1)
-	$(MPICXX) $(CXXSTD) -shared $(TF_CFLAGS) -Iops $(CORE_SRC) $(MPI_SRC) $(TF_SRC) -o $@ $(TF_LFLAGS)
+	$(MPICXX) $(CXXSTD) $(TF_CFLAGS) -Iops -c $< -o $@
+
+$(LIB): $(OBJ)
+	$(MPICXX) $(CXXSTD) -shared $(OBJ) -o $@ $(TF_LFLAGS)
 
 lib: $(LIB)
 
@@ -60,6 +71,7 @@ test-mpi: venv lib
 	done; done
 
 test: venv core-tests lib test-unit test-mpi
+	@echo "all test suites passed"
 
 example: venv lib
 	$(PYTHON) -m mlsl_tf.runner -np 2 $(PYTHON) examples/keras_digits.py

@@ -30,11 +30,14 @@ def _normalize_name(name):
 def _tensor_name(name, prefix, tensor, ignore_name_scope=False):
     """The collective's cross-rank name. Eager: the given name, or "" (the kernel then uses its
     op name; eager ops run one at a time). Graph: the given name inside the current name scope,
-    or one derived from the input tensor's graph name, which is the same on every rank."""
+    or the node name the op is about to get, qualified by the graph's name."""
     if tf.executing_eagerly():
         return name or ""
     if name is None:
-        return f"{prefix}_{_normalize_name(tensor.name)}"
+        # The name the op's node will get: unique in this graph, and the same on every rank
+        # because every rank traces the same program.
+        graph = tf.compat.v1.get_default_graph()
+        return f"{graph.name}/{graph.unique_name(prefix, mark_as_used=False)}"
     if ignore_name_scope:
         return name
     scope = tf.compat.v1.get_default_graph().get_name_scope()

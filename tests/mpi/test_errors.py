@@ -1,0 +1,105 @@
+"""Ranks that disagree get an error on every rank, naming the tensor and what differs --
+never a hang. Shutdown on one rank fails the others' pending collectives, and init works
+again afterwards."""
+
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mlsl_tf as hvd
+
+R, N = hvd.rank(), hvd.size()
+
+
+def expect_error(fn, *patterns):
+    start = time.monotonic()
+    with pytest.raises(tf.errors.OpError) as info:
+        fn()
+    assert time.monotonic() - start < 10, "the error took too long to arrive"
+    for p in patterns:
+        assert p in str(info.value), f"{p!r} not in {info.value}"
+
+
+def test_shape_mismatch():
+    expect_error(lambda: hvd.allreduce(tf.ones([2 + (R == N - 1)]), name="bad_shape"),
+                 "'bad_shape'", "shape [2] on rank 0 vs [3] on rank " + str(N - 1))
+
+
+def test_dtype_mismatch():
+    x = tf.ones([2], tf.float32 if R == 0 else tf.float64)
+    expect_error(lambda: hvd.allreduce(x, name="bad_dtype"), "'bad_dtype'", "dtype float32 on rank 0 vs float64 on rank 1")
+
+
+def test_op_mismatch():
+    expect_error(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum if R == 0 else hvd.Max, name="bad_op"),
+                 "'bad_op'", "reduction Sum on rank 0 vs Max on rank 1")
+
+
+def test_collective_kind_mismatch():
+    x = tf.ones([2])
+    fn = (lambda: hvd.allreduce(x, name="bad_kind")) if R == 0 else (lambda: hvd.allgather(x, name="bad_kind"))
+    expect_error(fn, "'bad_kind'", "operation allreduce on rank 0 vs allgather on rank 1")
+
+
+def test_root_mismatch():
+    expect_error(lambda: hvd.broadcast(tf.ones([2]), root_rank=R, name="bad_root"),
+                 "'bad_root'", "root_rank 0 on rank 0 vs 1 on rank 1")
+
+
+def test_allgather_trailing_shape_mismatch():
+    expect_error(lambda: hvd.allgather(tf.ones([2, 2 + (R == 1)]), name="bad_gather"),
+                 "'bad_gather'", "shape after the first dimension [2] on rank 0 vs [3] on rank 1")
+
+
+def test_bad_splits_on_one_rank():
+    splits = [1] * N if R == 1 else [2] * N  # rank 1's splits do not sum to its first dimension
+    expect_error(lambda: hvd.alltoall(tf.ones([2 * N]), splits=splits, name="bad_splits"),
+                 "rank 1: alltoall splits sum to", "'bad_splits'")
+
+
+def test_root_out_of_range():
+    expect_error(lambda: hvd.broadcast(tf.ones([1]), root_rank=N, name="bad_range"), "root_rank", "out of range")
+
+
+def test_mismatch_in_graph_mode_and_recovery():
+    @tf.function
+    def f(x):
+        return hvd.allreduce(x, name="graph_bad")
+
+    expect_error(lambda: f(tf.ones([1 + R])), "'graph_bad'", "shape [1] on rank 0 vs [2] on rank 1")
+    # the same name with agreeing shapes works afterwards
+    np.testing.assert_allclose(f(tf.ones([4])).numpy(), np.ones(4))
+
+
+def test_changed_shape_under_cached_name():
+    for step in range(3):
+        hvd.allreduce(tf.ones([3]), name="cached")
+    expect_error(lambda: hvd.allreduce(tf.ones([3 + (R == 1)]), name="cached"), "shape [3] on rank 0 vs [4] on rank 1")
+
+
+def test_shutdown_fails_peers_and_init_again():
+    if R == 1:
+        time.sleep(0.3)
+        hvd.shutdown()
+        assert not hvd.is_initialized()
+        with pytest.raises(tf.errors.FailedPreconditionError, match="not been initialised"):
+            hvd.allreduce(tf.ones([1]), name="after_shutdown")
+    else:
+        expect_error(lambda: hvd.allreduce(tf.ones([1]), name="orphan"), "rank 1 shut down", "'orphan'")
+        hvd.shutdown()
+    hvd.init()
+    assert hvd.size() == N
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum, name="again").numpy(), [N, N])
+
+
+def test_join_returns_last_rank():
+    if R == 0:
+        assert hvd.join() == N - 1
+    else:
+        time.sleep(0.1 * R)
+        # rank 0 has joined and contributes zeros
+        got = hvd.allreduce(tf.constant([float(R)]), op=hvd.Sum, name=f"while_joined")
+        assert got.numpy()[0] == sum(range(1, N))
+        assert hvd.join() == N - 1

@@ -1,0 +1,161 @@
+"""World size 1 (plain pytest, no mpiexec): every op works and is the identity it should be,
+in eager mode and in tf.function; the process-level API behaves as Horovod's does."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import mlsl_tf as hvd
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+DTYPES = [tf.uint8, tf.int8, tf.int32, tf.int64, tf.float16, tf.bfloat16, tf.float32, tf.float64]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def initialised():
+    hvd.init()
+    yield
+
+
+def run_python(code, timeout=120):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def test_world_of_one():
+    assert (hvd.rank(), hvd.size(), hvd.local_rank(), hvd.local_size(), hvd.cross_rank(), hvd.cross_size()) == \
+        (0, 1, 0, 1, 0, 1)
+    assert hvd.is_initialized()
+    hvd.init()  # twice is harmless
+    assert hvd.size() == 1
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.name)
+def test_every_op_is_identity_on_one_rank(graph, dtype):
+    x = tf.cast(tf.reshape(tf.range(6), [3, 2]), dtype)
+
+    def ops(x):
+        return (hvd.allreduce(x, op=hvd.Sum), hvd.allreduce(x, op=hvd.Max), hvd.grouped_allreduce([x, x], op=hvd.Sum),
+                hvd.allgather(x), hvd.broadcast(x, 0), hvd.alltoall(x)[0], hvd.reducescatter(x, op=hvd.Sum))
+
+    outs = (tf.function(ops) if graph else ops)(x)
+    flat = [outs[0], outs[1], *outs[2], *outs[3:]]
+    for out in flat:
+        assert out.dtype == dtype
+        np.testing.assert_array_equal(tf.cast(out, tf.float64).numpy(), tf.cast(x, tf.float64).numpy())
+
+
+def test_scaling_and_average_on_one_rank():
+    x = tf.constant([2.0, 4.0])
+    np.testing.assert_allclose(hvd.allreduce(x).numpy(), [2.0, 4.0])  # Average is the default
+    np.testing.assert_allclose(hvd.allreduce(x, op=hvd.Sum, prescale_factor=2.0, postscale_factor=0.25).numpy(),
+                               [1.0, 2.0])
+    np.testing.assert_allclose(hvd.allreduce(x, average=False).numpy(), [2.0, 4.0])
+    with pytest.raises(ValueError, match="either op= or"):
+        hvd.allreduce(x, average=True, op=hvd.Sum)
+    with pytest.raises(NotImplementedError, match="Adasum"):
+        hvd.allreduce(x, op=hvd.Adasum)
+
+
+def test_indexed_slices_and_compression():
+    s = tf.IndexedSlices(tf.constant([[1.0, 2.0]]), tf.constant([3]), dense_shape=tf.constant([5, 2]))
+    out = hvd.allreduce(s, op=hvd.Sum)
+    assert isinstance(out, tf.IndexedSlices)
+    np.testing.assert_array_equal(out.indices.numpy(), [3])
+    x = tf.constant([1.5, -2.25], tf.float32)
+    y = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.fp16)
+    assert y.dtype == tf.float32
+    np.testing.assert_array_equal(y.numpy(), x.numpy())
+
+
+def test_objects_variables_barrier_join():
+    assert hvd.broadcast_object({"a": [1, 2]}) == {"a": [1, 2]}
+    assert hvd.allgather_object("x") == ["x"]
+    v = tf.Variable([1.0, 2.0])
+    hvd.broadcast_variables([v], root_rank=0)
+    np.testing.assert_array_equal(v.numpy(), [1.0, 2.0])
+    hvd.barrier()
+    assert hvd.join() == 0
+
+
+def test_gradients_on_one_rank():
+    x = tf.constant([1.0, 2.0])
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(x)
+        a = tf.reduce_sum(hvd.allreduce(x, op=hvd.Sum) * 3.0)
+        b = tf.reduce_sum(hvd.allgather(x) * 2.0)
+        c = tf.reduce_sum(hvd.broadcast(x, 0) * 4.0)
+    np.testing.assert_allclose(tape.gradient(a, x).numpy(), [3.0, 3.0])
+    np.testing.assert_allclose(tape.gradient(b, x).numpy(), [2.0, 2.0])
+    np.testing.assert_allclose(tape.gradient(c, x).numpy(), [4.0, 4.0])
+
+
+def test_bad_input_errors():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="rank >= 1"):
+        hvd.allgather(tf.constant(1.0))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="root_rank 3 is out of range"):
+        hvd.broadcast(tf.ones([1]), root_rank=3)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="splits sum to 1 but the first dimension is 2"):
+        hvd.alltoall(tf.ones([2]), splits=[1])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not in the list of allowed values"):
+        hvd.allreduce(tf.constant(["a"]))
+    with pytest.raises(ValueError, match="unknown reduction op"):
+        hvd.allreduce(tf.ones([1]), op=42)
+
+
+def test_settings_come_from_the_library():
+    s = hvd.settings()
+    assert "MLSL_TF_HEARTBEAT_MS" in s
+    default, doc, value = s["MLSL_TF_HEARTBEAT_MS"]
+    assert default == "10" and doc
+
+
+def test_use_before_init_is_a_clear_error():
+    r = run_python("""
+        import tensorflow as tf, mlsl_tf as hvd
+        for fn in (hvd.rank, hvd.size):
+            try:
+                fn(); print("no error")
+            except hvd.NotInitializedError as e:
+                print("ok:", e)
+        try:
+            hvd.allreduce(tf.ones([1]))
+        except tf.errors.FailedPreconditionError as e:
+            print("ok:", e.message)
+    """)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 3 and all(l.startswith("ok:") and "call mlsl_tf.init()" in l for l in lines), r.stdout
+
+
+def test_shutdown_then_init_then_ops():
+    r = run_python("""
+        import tensorflow as tf, mlsl_tf as hvd
+        hvd.init(); hvd.shutdown()
+        print(hvd.is_initialized())
+        try:
+            hvd.allreduce(tf.ones([1]))
+        except tf.errors.FailedPreconditionError:
+            print("refused")
+        hvd.init(); print(hvd.allreduce(tf.ones([2]), op=hvd.Sum).numpy().tolist())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["False", "refused", "[1.0,", "1.0]"]
+
+
+def test_init_reuses_mpi4py_world():
+    r = run_python("""
+        from mpi4py import MPI
+        import mlsl_tf as hvd
+        hvd.init(comm=MPI.COMM_WORLD)
+        print(hvd.size(), MPI.COMM_WORLD.Get_size(), hvd.mpi_threads_supported())
+    """)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["1", "1", "True"]
