@@ -1,14 +1,37 @@
 """mlsl_tf: fast data- and model-parallel training for TensorFlow 2 / Keras 3, a drop-in for
-Horovod's TensorFlow API (`import mlsl_tf as hvd`)."""
+Horovod's TensorFlow API (`import mlsl_tf as hvd`).
 
-from mlsl_tf._library import settings
-from mlsl_tf.basics import (NotInitializedError, ccl_built, cross_rank, cross_size, cuda_built, ddl_built,
-                            gloo_built, gloo_enabled, init, is_initialized, local_rank, local_size,
-                            mpi_built, mpi_enabled, mpi_threads_supported, nccl_built, rank, rocm_built,
-                            shutdown, size)
-from mlsl_tf.compression import Compression
-from mlsl_tf.functions import allgather_object, broadcast_object, broadcast_variables
-from mlsl_tf.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier,
-                         broadcast, grouped_allreduce, join, reducescatter)
+Names are loaded on first use, so `python -m mlsl_tf.runner` (mlslrun) starts without
+importing TensorFlow; `import mlsl_tf as hvd; hvd.init()` imports it then."""
+
+import importlib
 
 __version__ = "0.1.0"
+
+# public name -> the module that defines it
+_EXPORTS = {
+    "mlsl_tf._library": ["settings"],
+    "mlsl_tf.basics": ["NotInitializedError", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
+                       "gloo_built", "gloo_enabled", "init", "is_initialized", "local_rank", "local_size",
+                       "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
+                       "shutdown", "size"],
+    "mlsl_tf.compression": ["Compression"],
+    "mlsl_tf.functions": ["allgather_object", "broadcast_object", "broadcast_variables"],
+    "mlsl_tf.ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "alltoall",
+                    "barrier", "broadcast", "grouped_allreduce", "join", "reducescatter"],
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
+__all__ = sorted(_WHERE)
+
+
+def __getattr__(name):
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'mlsl_tf' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_WHERE))

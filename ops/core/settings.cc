@@ -12,6 +12,8 @@ const std::vector<SettingInfo>& AllSettings() {
       {"MLSL_TF_STALL_WARNING_SECONDS", "60",
        "warn when a collective has been submitted by some ranks but not others for this long (0 = never)"},
       {"MLSL_TF_LOG_LEVEL", "warning", "core log level: debug, info, warning or error"},
+      {"MLSL_TF_START_TIMEOUT", "",
+       "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)"},
   };
   return table;
 }

@@ -1,0 +1,343 @@
+"""mlslrun: find the MPI, build its command line (argv.py) and run it.
+
+The I/O half of the launcher.  main() parses the command line, finds
+mpiexec (next to this Python first, then on PATH) or srun, asks
+``mpiexec --version`` which MPI it is, runs the launcher without a shell,
+forwards SIGINT/SIGTERM to it and returns its exit status.
+
+While the job runs, mlslrun watches a status directory it creates in the
+local temp dir, where every rank's wrapper (task.py) writes a start marker
+and, at the end, how it ended.  From it mlslrun
+  * stops the whole job as soon as one rank fails (hydra keeps the other
+    ranks running when a non-MPI process exits non-zero) and reports that
+    rank as the cause;
+  * enforces --start-timeout.
+Both only see ranks on hosts that share this path (this machine, or a shared
+file system at the same path); on other hosts the ranks still run, but
+--start-timeout would count them as not started, so use it only there
+(and task.py creates the same temp path on such hosts, unused).
+"""
+
+import dataclasses
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Mapping, Optional, Sequence
+
+from mlsl_tf.runner import argv as A
+from mlsl_tf.runner import task
+
+POLL_S = 0.1
+STOP_GRACE_S = 10.0  # after SIGTERM, how long the launcher gets before SIGKILL
+VERSION_TIMEOUT_S = 60.0
+EXIT_USAGE = 2
+EXIT_FAILURE = 1
+TASK_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "task.py")
+
+
+def _err(message: str) -> None:
+    print(f"mlslrun: {message}", file=sys.stderr, flush=True)
+
+
+# ---------------------------------------------------------------------------
+# Finding the launcher.
+
+
+def find_mpiexec(python: str = sys.executable, path: Optional[str] = None) -> Optional[str]:
+    """mpiexec next to ``python`` (a venv's bin) if there, else the first on PATH."""
+    sibling = os.path.join(os.path.dirname(python), "mpiexec")
+    if os.path.isfile(sibling) and os.access(sibling, os.X_OK):
+        return sibling
+    return shutil.which("mpiexec", path=path)
+
+
+def flavour_program(flavour: A.Flavour, mpiexec: str) -> str:
+    """The flavour's own launcher beside mpiexec (mpirun, mpiexec.hydra) or mpiexec."""
+    sibling = os.path.join(os.path.dirname(mpiexec), A.program_name(flavour))
+    return sibling if os.access(sibling, os.X_OK) else mpiexec
+
+
+def mpi_version_text(mpiexec: str) -> str:
+    """stdout + stderr of ``mpiexec --version``; raises OSError/TimeoutExpired."""
+    out = subprocess.run([mpiexec, "--version"], stdin=subprocess.DEVNULL,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         errors="replace", timeout=VERSION_TIMEOUT_S, check=False)
+    return out.stdout
+
+
+# ---------------------------------------------------------------------------
+# --check-build.
+
+
+def _op_library_status() -> tuple[bool, str]:
+    """(loaded, reason): whether mlsl_tf's TensorFlow op library loads."""
+    try:
+        from mlsl_tf import _library  # written by the core; may be absent
+        _library.load_ops()
+    except Exception as e:  # noqa: BLE001 - any failure is reported, not raised
+        return False, f"{type(e).__name__}: {e}"
+    return True, ""
+
+
+def _version() -> str:
+    try:
+        from importlib import metadata
+        return metadata.version("mlsl_tf")
+    except Exception:  # noqa: BLE001 - not installed as a distribution
+        import mlsl_tf
+        return str(getattr(mlsl_tf, "__version__", "unknown"))
+
+
+def check_build_text(tf_loaded: bool, tf_reason: str, mpi_found: bool,
+                     version: str) -> str:
+    """horovodrun --check-build's report for mlsl_tf (pure)."""
+    def mark(on: bool) -> str:
+        return "[X]" if on else "[ ]"
+
+    tf_line = f"    {mark(tf_loaded)} TensorFlow"
+    if not tf_loaded:
+        tf_line += f"  ({tf_reason})"
+    lines = [f"mlsl_tf v{version}:", "", "Available Frameworks:", tf_line,
+             "    [ ] PyTorch", "    [ ] MXNet", "",
+             "Available Controllers:", f"    {mark(mpi_found)} MPI", "    [ ] Gloo", "",
+             "Available Tensor Operations:", "    [ ] NCCL", "    [ ] DDL", "    [ ] CCL",
+             "    [X] MPI", "    [ ] Gloo"]
+    return "\n".join(lines) + "\n"
+
+
+def check_build() -> int:
+    loaded, reason = _op_library_status()
+    sys.stdout.write(check_build_text(loaded, reason, find_mpiexec() is not None, _version()))
+    sys.stdout.flush()
+    return 0
+
+
+# ---------------------------------------------------------------------------
+# Watching the job.
+
+
+def started_ranks(status_dir: str, num_proc: int) -> set[int]:
+    """Ranks whose start marker exists."""
+    return {r for r in range(num_proc) if os.path.exists(task.start_marker_path(status_dir, r))}
+
+
+def rank_statuses(status_dir: str, num_proc: int) -> list[task.RankStatus]:
+    """The status files written so far."""
+    out = []
+    for r in range(num_proc):
+        s = task.read_status(task.status_path(status_dir, r))
+        if s is not None:
+            out.append(s)
+    return out
+
+
+def first_failure(statuses: Sequence[task.RankStatus]) -> Optional[task.RankStatus]:
+    """The failed rank that most likely caused the job to fail (pure).
+
+    Failures of ranks the launcher was stopping (``forwarded`` set) come last;
+    among the rest the earliest, then the lowest rank, wins.
+    """
+    failed = [s for s in statuses if s.failed]
+    if not failed:
+        return None
+    return min(failed, key=lambda s: (s.forwarded is not None, s.time, s.rank))
+
+
+def format_ranks(ranks: Sequence[int]) -> str:
+    """``rank 3`` / ``ranks 1, 2`` (pure)."""
+    ranks = sorted(ranks)
+    return ("rank " if len(ranks) == 1 else "ranks ") + ", ".join(map(str, ranks))
+
+
+def exit_code_of(returncode: int) -> int:
+    """A Popen returncode as a shell-style exit status (128 + signal when killed)."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+class _Job:
+    """The running launcher process and how it is stopped.
+
+    It runs in its own session, so a terminal's Ctrl-C reaches only mlslrun,
+    which forwards it once; a second Ctrl-C/SIGTERM kills the launcher's
+    process group.
+    """
+
+    def __init__(self, argv: Sequence[str]):
+        self.proc = subprocess.Popen(list(argv), start_new_session=True)
+        self.signals_received = 0
+        self._kill_at: Optional[float] = None
+
+    def on_signal(self, signum: int, _frame=None) -> None:
+        self.signals_received += 1
+        if self.signals_received == 1:
+            self._send(signum)
+        else:
+            self.kill()
+
+    def stop(self) -> None:
+        """Ask the launcher to stop the job; kill it if it has not after STOP_GRACE_S."""
+        if self._kill_at is None:
+            self._send(signal.SIGTERM)
+            self._kill_at = time.monotonic() + STOP_GRACE_S
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def poll(self) -> Optional[int]:
+        """The returncode once exited, else None; escalates an overdue stop()."""
+        code = self.proc.poll()
+        if code is None and self._kill_at is not None and time.monotonic() > self._kill_at:
+            self.kill()
+        return code
+
+    def _send(self, signum: int) -> None:
+        try:
+            self.proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+
+def _watch(job: _Job, status_dir: str, num_proc: int,
+           start_timeout: Optional[float]) -> tuple[int, Optional[str]]:
+    """Wait for the launcher; stop it on a failed rank or a start timeout.
+
+    Returns (launcher returncode, why mlslrun stopped the job or None).
+    """
+    deadline = None if start_timeout is None else time.monotonic() + start_timeout
+    reason = None
+    while True:
+        code = job.poll()
+        if code is not None:
+            return code, reason
+        if reason is None:
+            failure = first_failure(rank_statuses(status_dir, num_proc))
+            if failure is not None:
+                reason = f"{failure.describe()}; stopping the other ranks"
+            elif deadline is not None and time.monotonic() > deadline:
+                missing = sorted(set(range(num_proc)) - started_ranks(status_dir, num_proc))
+                if missing:
+                    reason = (f"{format_ranks(missing)} did not start within "
+                              f"{A.format_seconds(start_timeout)} s (--start-timeout); "
+                              "stopping the job")
+                deadline = None
+            if reason is not None:
+                _err(reason)
+                job.stop()
+        time.sleep(POLL_S)
+
+
+def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
+            start_timeout: Optional[float]) -> int:
+    """Run the launcher argv, forwarding SIGINT/SIGTERM; returns mlslrun's exit code.
+
+    The code is the failing rank's (its exit code or 128 + signal) when a rank
+    failed, 1 when mlslrun stopped the job for --start-timeout, otherwise the
+    launcher's own.
+    """
+    job = _Job(argv)
+    previous = {s: signal.signal(s, job.on_signal) for s in task.FORWARDED_SIGNALS}
+    try:
+        code, stopped_because = _watch(job, status_dir, num_proc, start_timeout)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    failure = first_failure(rank_statuses(status_dir, num_proc))
+    if failure is not None:
+        if stopped_because is None:
+            _err(f"job failed: {failure.describe()}")
+        return failure.wrapper_exit_code
+    if stopped_because is not None or job.signals_received:
+        return exit_code_of(code) or EXIT_FAILURE
+    return exit_code_of(code)
+
+
+# ---------------------------------------------------------------------------
+# main.
+
+
+def _read_hosts(cfg: A.RunConfig) -> Optional[tuple[A.HostSlots, ...]]:
+    if cfg.hostfile is None:
+        return cfg.hosts
+    try:
+        with open(cfg.hostfile) as f:
+            text = f.read()
+    except OSError as e:
+        raise A.UsageError(f"--hostfile {cfg.hostfile}: {e.strerror}") from None
+    return A.parse_hostfile(text, source=cfg.hostfile)
+
+
+def _launcher(cfg: A.RunConfig, environ: Mapping[str, str]) -> tuple[A.Flavour, str]:
+    """(flavour, program) to run; raises RuntimeError when none is usable."""
+    srun = shutil.which("srun")
+    kind = A.choose_launcher(cfg.launcher, "SLURM_JOB_ID" in environ, srun is not None)
+    if kind == "srun":
+        if srun is None:
+            raise RuntimeError("--launcher srun: srun is not on PATH")
+        return "slurm", srun
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        raise RuntimeError(f"no mpiexec next to {sys.executable} or on PATH; install MPI "
+                           "(e.g. pip install mpich) or use --launcher srun")
+    try:
+        flavour = A.detect_flavour(mpi_version_text(mpiexec))
+    except (OSError, subprocess.SubprocessError, ValueError) as e:
+        raise RuntimeError(f"{mpiexec}: {e}") from None
+    return flavour, flavour_program(flavour, mpiexec)
+
+
+def plan_argv(cfg: A.RunConfig, environ: Mapping[str, str],
+              status_dir: str) -> tuple[A.Flavour, list[str]]:
+    """Everything before the launch: hosts, launcher, argv.  Raises UsageError
+    for bad input, RuntimeError when no launcher is usable."""
+    hosts = _read_hosts(cfg)
+    flavour, program = _launcher(cfg, environ)
+    rank_cmd = A.rank_command(sys.executable, TASK_PY, cfg, status_dir)
+    plan = A.make_plan(cfg, program, hosts, environ, rank_cmd)
+    return flavour, A.build_launch_argv(flavour, plan)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """mlslrun's entry point; returns the process exit code."""
+    args = sys.argv[1:] if argv is None else list(argv)
+    try:
+        cfg = A.parse_args(args)
+    except A.UsageError as e:
+        print(A.build_parser().format_usage(), end="", file=sys.stderr)
+        _err(f"error: {e}")
+        return EXIT_USAGE
+    if cfg.show_help:
+        sys.stdout.write(A.build_parser().format_help())
+        return 0
+    if cfg.check_build:
+        return check_build()
+    if cfg.output_filename is not None:
+        cfg = dataclasses.replace(cfg, output_filename=os.path.abspath(cfg.output_filename))
+    for name in A.missing_env(cfg, os.environ):
+        _err(f"warning: -x {name}: {name} is not set here, so it is not passed")
+    status_dir = tempfile.mkdtemp(prefix="mlslrun-status-")
+    try:
+        try:
+            flavour, launch_argv = plan_argv(cfg, os.environ, status_dir)
+        except A.UsageError as e:
+            _err(f"error: {e}")
+            return EXIT_USAGE
+        except RuntimeError as e:
+            _err(f"error: {e}")
+            return EXIT_FAILURE
+        if cfg.verbose:
+            print(f"mlslrun: {flavour} launcher: {shlex.join(launch_argv)}", flush=True)
+        try:
+            return run_job(launch_argv, status_dir, cfg.num_proc, cfg.start_timeout)
+        except OSError as e:
+            _err(f"error: cannot run {launch_argv[0]}: {e}")
+            return EXIT_FAILURE
+    finally:
+        shutil.rmtree(status_dir, ignore_errors=True)

@@ -1,0 +1,294 @@
+"""Per-rank wrapper that mlslrun puts in front of the user's command.
+
+Run by file path, ``python .../mlsl_tf/runner/task.py [options] -- cmd...``,
+so it never imports the mlsl_tf package (and TensorFlow); standard library only.
+launch.py imports it as a module for the status-file names and readers.
+
+On every rank it:
+  * finds the rank from the launcher's environment (PMI_RANK, OMPI_COMM_WORLD_RANK,
+    SLURM_PROCID, PMIX_RANK);
+  * writes ``start.R.json`` into ``--status-dir`` before starting the command and
+    ``status.R.json`` (exit code or signal) after it ends;
+  * with ``--output-filename DIR`` copies the command's stdout and stderr to
+    ``DIR/rank.R/stdout`` and ``DIR/rank.R/stderr`` as well as to the console,
+    R zero-padded to the width of the largest rank as horovodrun does;
+  * forwards SIGTERM and SIGINT to the command, which runs in its own process
+    group (so a launcher signalling this process group does not signal it twice)
+    and dies with this wrapper (PR_SET_PDEATHSIG) if the wrapper is killed;
+  * when the command fails, prints one line naming rank, host and pid and exits
+    non-zero (the command's code, or 128 + signal number).
+"""
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import BinaryIO, Callable, Mapping, Optional, Sequence
+
+RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK")
+FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_PR_SET_PDEATHSIG = 1
+_TEE_JOIN_S = 10.0  # how long to wait for output still buffered after the command exits
+
+
+@dataclasses.dataclass(frozen=True)
+class RankStatus:
+    """How one rank's command ended.  Exactly one of exitcode/signal is set.
+
+    ``forwarded`` is the signal the wrapper received and passed on to the
+    command (the launcher was stopping the job), or None: a failure with
+    ``forwarded`` set is a consequence, not the cause.
+    """
+
+    rank: int
+    host: str
+    pid: int
+    exitcode: Optional[int]
+    signal: Optional[int]
+    forwarded: Optional[int]
+    time: float
+
+    @property
+    def failed(self) -> bool:
+        return self.exitcode != 0
+
+    @property
+    def wrapper_exit_code(self) -> int:
+        """What the wrapper exits with: the command's code, or 128 + signal."""
+        return self.exitcode if self.exitcode is not None else 128 + (self.signal or 0)
+
+    def describe(self) -> str:
+        """``rank 1 (host h, pid 7) exited with code 3`` / ``was killed by signal SIGKILL``."""
+        who = f"rank {self.rank} (host {self.host}, pid {self.pid})"
+        if self.signal is not None:
+            what = f"was killed by signal {signal_name(self.signal)}"
+        else:
+            what = f"exited with code {self.exitcode}"
+        if self.forwarded is not None and self.forwarded == self.signal:
+            what += " (sent by the launcher)"
+        elif self.forwarded is not None:
+            what += f" after the launcher sent it {signal_name(self.forwarded)}"
+        return f"{who} {what}"
+
+
+def signal_name(signum: int) -> str:
+    """``SIGKILL`` for 9; ``signal 77`` for numbers without a name."""
+    try:
+        return signal.Signals(signum).name
+    except ValueError:
+        return f"signal {signum}"
+
+
+def find_rank(environ: Mapping[str, str]) -> int:
+    """This process's rank from the first of RANK_ENV_VARS that is set.
+
+    Raises ValueError when none is set or the value is not an integer.
+    """
+    for name in RANK_ENV_VARS:
+        if name in environ:
+            try:
+                return int(environ[name])
+            except ValueError:
+                raise ValueError(f"{name}={environ[name]!r} is not a rank number") from None
+    raise ValueError("cannot find this process's rank: none of "
+                     f"{', '.join(RANK_ENV_VARS)} is set (run it under mlslrun)")
+
+
+def rank_dir_name(rank: int, num_proc: Optional[int]) -> str:
+    """``rank.R`` with R zero-padded to the digits of num_proc - 1 (horovodrun's layout)."""
+    width = len(str(num_proc - 1)) if num_proc and num_proc > 1 else 1
+    return f"rank.{rank:0{width}d}"
+
+
+def start_marker_path(status_dir: str, rank: int) -> str:
+    return os.path.join(status_dir, f"start.{rank}.json")
+
+
+def status_path(status_dir: str, rank: int) -> str:
+    return os.path.join(status_dir, f"status.{rank}.json")
+
+
+def _write_json_atomically(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def read_status(path: str) -> Optional[RankStatus]:
+    """The RankStatus in a status file, or None if absent or unreadable."""
+    try:
+        with open(path) as f:
+            return RankStatus(**json.load(f))
+    except (OSError, ValueError, TypeError):
+        return None
+
+
+def _warn(message: str) -> None:
+    print(f"mlslrun task: {message}", file=sys.stderr, flush=True)
+
+
+def _write_start_marker(status_dir: str, rank: int, host: str) -> None:
+    try:
+        os.makedirs(status_dir, exist_ok=True)
+        _write_json_atomically(start_marker_path(status_dir, rank),
+                               {"rank": rank, "host": host, "pid": os.getpid(),
+                                "time": time.time()})
+    except OSError as e:
+        _warn(f"cannot write the start marker in {status_dir}: {e}")
+
+
+def _write_status(status_dir: str, status: RankStatus) -> None:
+    try:
+        _write_json_atomically(status_path(status_dir, status.rank), dataclasses.asdict(status))
+    except OSError as e:
+        _warn(f"cannot write the status file in {status_dir}: {e}")
+
+
+def _die_with_parent_fn() -> Optional[Callable[[], None]]:
+    """A preexec_fn that makes the child get SIGKILL when the wrapper dies.
+
+    Linux only (prctl PR_SET_PDEATHSIG); None where prctl is unavailable.
+    Looked up before fork so the child only makes the call.
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the wrapper died before prctl took effect
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
+def _tee(src_fd: int, file: BinaryIO, console: BinaryIO) -> None:
+    """Copy bytes from src_fd to file and console until EOF."""
+    try:
+        while True:
+            data = os.read(src_fd, 65536)
+            if not data:
+                return
+            for dst in (file, console):
+                try:
+                    dst.write(data)
+                    dst.flush()
+                except (OSError, ValueError):
+                    pass  # a closed console must not stop the file copy
+    finally:
+        os.close(src_fd)
+
+
+class _Child:
+    """The user's command as a child process, its output copiers and signal forwarding."""
+
+    def __init__(self, command: Sequence[str], output_dir: Optional[str]):
+        self.forwarded: Optional[int] = None
+        self._threads: list[threading.Thread] = []
+        self._files: list[BinaryIO] = []
+        pipe = subprocess.PIPE if output_dir is not None else None
+        # close_fds=False: the process manager's PMI connection (hydra's PMI_FD)
+        # is an inherited descriptor the command's MPI_Init must still find.
+        self.proc = subprocess.Popen(list(command), stdout=pipe, stderr=pipe,
+                                     close_fds=False, process_group=0,
+                                     preexec_fn=_die_with_parent_fn())
+        if output_dir is not None:
+            for name, stream, console in (("stdout", self.proc.stdout, sys.stdout.buffer),
+                                          ("stderr", self.proc.stderr, sys.stderr.buffer)):
+                f = open(os.path.join(output_dir, name), "wb")
+                self._files.append(f)
+                fd = os.dup(stream.fileno())
+                stream.close()
+                t = threading.Thread(target=_tee, args=(fd, f, console), daemon=True)
+                t.start()
+                self._threads.append(t)
+
+    def forward(self, signum: int, _frame=None) -> None:
+        """Signal handler: pass signum on to the command."""
+        self.forwarded = signum
+        try:
+            self.proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    def wait(self) -> int:
+        """Wait for the command and its output; returns Popen's returncode."""
+        while True:
+            try:
+                code = self.proc.wait()
+                break
+            except InterruptedError:
+                continue
+        for t in self._threads:
+            t.join(_TEE_JOIN_S)
+        for f in self._files:
+            f.close()
+        return code
+
+
+def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="mlslrun-task", allow_abbrev=False,
+                                description="mlslrun's per-rank wrapper")
+    p.add_argument("--num-proc", type=int, help="world size, for rank.R padding")
+    p.add_argument("--output-filename", help="write output to DIR/rank.R/{stdout,stderr}")
+    p.add_argument("--status-dir", help="where to write start.R.json and status.R.json")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    ns = p.parse_args(argv)
+    if ns.command and ns.command[0] == "--":
+        ns.command = ns.command[1:]
+    if not ns.command:
+        p.error("missing the command to run after --")
+    return ns
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Run the command for this rank; returns the wrapper's exit code."""
+    ns = _parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        rank = find_rank(os.environ)
+    except ValueError as e:
+        _warn(str(e))
+        return 2
+    host = socket.gethostname()
+    output_dir = None
+    if ns.output_filename is not None:
+        output_dir = os.path.join(ns.output_filename, rank_dir_name(rank, ns.num_proc))
+        os.makedirs(output_dir, exist_ok=True)
+    if ns.status_dir is not None:
+        _write_start_marker(ns.status_dir, rank, host)
+    try:
+        child = _Child(ns.command, output_dir)
+    except OSError as e:
+        print(f"mlslrun: rank {rank} (host {host}) could not start {ns.command[0]!r}: {e}",
+              file=sys.stderr, flush=True)
+        if ns.status_dir is not None:
+            _write_status(ns.status_dir, RankStatus(rank, host, os.getpid(), 127, None,
+                                                    None, time.time()))
+        return 127
+    for sig in FORWARDED_SIGNALS:
+        signal.signal(sig, child.forward)
+    code = child.wait()
+    status = RankStatus(rank=rank, host=host, pid=child.proc.pid,
+                        exitcode=code if code >= 0 else None,
+                        signal=-code if code < 0 else None,
+                        forwarded=child.forwarded,
+                        time=time.time())
+    if ns.status_dir is not None:
+        _write_status(ns.status_dir, status)
+    if status.failed:
+        print(f"mlslrun: {status.describe()}", file=sys.stderr, flush=True)
+    return status.wrapper_exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

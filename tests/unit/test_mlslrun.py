@@ -1,0 +1,336 @@
+"""mlslrun end to end: ``python -m mlsl_tf.runner`` with the venv's mpiexec on 2 ranks.
+
+The rank programs are small ``python -c`` scripts that do not import mlsl_tf.
+Every subprocess has a timeout, so a hang is a failure.  Also the pure helpers
+of launch.py and task.py.
+"""
+
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mlsl_tf.runner import launch, task
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+TIMEOUT_S = 120
+needs_mpi = pytest.mark.skipif(launch.find_mpiexec() is None, reason="no mpiexec found")
+
+
+def mlslrun_env(extra_pythonpath=()):
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "PMI_", "OMPI_"))}
+    env["PYTHONPATH"] = os.pathsep.join([*extra_pythonpath, str(REPO),
+                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def mlslrun(*args, env=None, cwd=REPO, timeout=TIMEOUT_S):
+    """Run mlslrun as users do; returns the CompletedProcess (text output captured).
+
+    Each start imports the mlsl_tf package (and so TensorFlow): errors of the
+    command line are tested in-process with run_main instead.
+    """
+    return subprocess.run([sys.executable, "-m", "mlsl_tf.runner", *args],
+                          env=env or mlslrun_env(), cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def run_main(capsys, *args):
+    """launch.main in this process: (exit code, stdout, stderr)."""
+    code = launch.main(list(args))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def program(source):
+    """``python -c SOURCE`` for every rank; RANK is bound to this rank's number."""
+    prelude = "import os, signal, sys, time\nRANK = int(os.environ['PMI_RANK'])\n"
+    return [sys.executable, "-c", prelude + textwrap.dedent(source)]
+
+
+# ---------------------------------------------------------------- end to end
+
+
+@needs_mpi
+def test_success_runs_every_rank():
+    r = mlslrun("-np", "2", "--verbose", *program("print(f'hello from rank {RANK}', flush=True)"))
+    assert r.returncode == 0, r.stderr
+    assert "hello from rank 0" in r.stdout and "hello from rank 1" in r.stdout
+    assert "mlslrun: mpich launcher:" in r.stdout and "task.py" in r.stdout  # --verbose
+    assert "-hosts" not in r.stdout  # a local run lets hydra pick this machine
+
+
+@needs_mpi
+def test_rank_killed_by_sigkill_fails_the_job_and_is_named():
+    # rank 0 would sleep past the timeout: the job must be torn down for the test to pass
+    r = mlslrun("-np", "2", *program("""
+        if RANK == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        time.sleep(600)
+    """))
+    assert r.returncode == 128 + signal.SIGKILL, r.stderr
+    assert "rank 1" in r.stderr and "was killed by signal SIGKILL" in r.stderr
+    assert "job failed" in r.stderr or "stopping the other ranks" in r.stderr
+
+
+@needs_mpi
+def test_rank_exit_code_fails_the_job_and_is_named():
+    r = mlslrun("-np", "2", *program("""
+        if RANK == 1:
+            sys.exit(3)
+        time.sleep(600)
+    """))
+    assert r.returncode == 3, r.stderr
+    assert "mlslrun: rank 1 (host " in r.stderr and "exited with code 3" in r.stderr
+
+
+@needs_mpi
+def test_output_filename_writes_per_rank_files(tmp_path):
+    # relative to mlslrun's working directory, as every rank must see it
+    r = mlslrun("-np", "2", "--output-filename", "logs", *program("""
+        print(f'out {RANK}', flush=True)
+        print(f'err {RANK}', file=sys.stderr, flush=True)
+    """), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        assert (tmp_path / "logs" / f"rank.{rank}" / "stdout").read_text() == f"out {rank}\n"
+        assert (tmp_path / "logs" / f"rank.{rank}" / "stderr").read_text() == f"err {rank}\n"
+    assert "out 0" in r.stdout and "err 1" in r.stderr  # still echoed to the console
+
+
+@needs_mpi
+def test_env_reaches_the_ranks():
+    env = mlslrun_env()
+    env["PASSED_THROUGH"] = "from-shell"
+    r = mlslrun("-np", "2", "-x", "FOO=bar", "-x", "PASSED_THROUGH", "--start-timeout", "60",
+                *program("""
+        print(f"rank {RANK}: FOO={os.environ.get('FOO')} "
+              f"PT={os.environ.get('PASSED_THROUGH')} "
+              f"ST={os.environ.get('MLSL_TF_START_TIMEOUT')}", flush=True)
+    """), env=env)
+    assert r.returncode == 0, r.stderr
+    for rank in (0, 1):
+        assert f"rank {rank}: FOO=bar PT=from-shell ST=60" in r.stdout
+
+
+@needs_mpi
+def test_start_timeout_names_the_rank_that_did_not_start(tmp_path):
+    # a sitecustomize that stalls rank 1's wrapper before task.py runs
+    (tmp_path / "sitecustomize.py").write_text(
+        "import os, time\nif os.environ.get('PMI_RANK') == '1':\n    time.sleep(600)\n")
+    r = mlslrun("-np", "2", "--start-timeout", "5", *program("time.sleep(600)"),
+                env=mlslrun_env([str(tmp_path)]))
+    assert r.returncode != 0
+    # rank 0 starts at once; only a very loaded machine makes it late too
+    assert re.search(r"ranks? (0, )?1 did not start within 5 s \(--start-timeout\)", r.stderr)
+
+
+@needs_mpi
+def test_sigterm_to_mlslrun_stops_the_job(tmp_path):
+    started = tmp_path / "started"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlsl_tf.runner", "-np", "2",
+         *program(f"open({str(started)!r} + str(RANK), 'w').close()\ntime.sleep(600)")],
+        env=mlslrun_env(), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, stdin=subprocess.DEVNULL)
+    try:
+        for _ in range(600):
+            if all(pathlib.Path(f"{started}{r}").exists() for r in (0, 1)):
+                break
+            try:
+                proc.wait(0.1)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=TIMEOUT_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode != 0
+    assert "SIGTERM (sent by the launcher)" in err
+
+
+def test_unknown_flag_is_a_usage_error(capsys):
+    code, _, err = run_main(capsys, "-np", "2", "--bogus", "python")
+    assert code == 2
+    assert "usage: mlslrun" in err and "--bogus" in err
+
+
+def test_missing_command_is_a_usage_error(capsys):
+    code, _, err = run_main(capsys, "-np", "2")
+    assert code == 2 and "missing the command" in err
+
+
+def test_too_many_ranks_is_a_usage_error(capsys):
+    code, _, err = run_main(capsys, "-np", "3", "-H", "localhost:2", "python")
+    assert code == 2 and "-np 3 is more than the 2 slots" in err
+
+
+def test_missing_hostfile_is_a_usage_error(capsys, tmp_path):
+    code, _, err = run_main(capsys, "-np", "2", "--hostfile", str(tmp_path / "nope"), "python")
+    assert code == 2 and "--hostfile" in err and "No such file" in err
+
+
+def test_bad_hostfile_names_the_line(capsys, tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_text("localhost slots=2\nother slots=many\n")
+    code, _, err = run_main(capsys, "-np", "2", "--hostfile", str(hf), "python")
+    assert code == 2 and "line 2" in err and "'many'" in err
+
+
+def test_srun_launcher_without_srun(capsys, monkeypatch):
+    monkeypatch.setenv("PATH", "")
+    code, _, err = run_main(capsys, "-np", "2", "--launcher", "srun", "python")
+    assert code == 1 and "srun is not on PATH" in err
+
+
+def test_help(capsys):
+    code, out, _ = run_main(capsys, "--help")
+    assert code == 0 and "--output-filename" in out
+
+
+def test_check_build():
+    r = mlslrun("--check-build")
+    assert r.returncode == 0, r.stderr
+    for line in ("Available Frameworks:", "TensorFlow", "[ ] PyTorch", "[ ] MXNet",
+                 "Available Controllers:", "[ ] Gloo", "Available Tensor Operations:",
+                 "[ ] NCCL", "[ ] DDL", "[ ] CCL", "[X] MPI"):
+        assert line in r.stdout
+
+
+# ---------------------------------------------------------------- task.py
+
+
+def run_task(args, rank="0", timeout=60):
+    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS}
+    env["PMI_RANK"] = rank
+    return subprocess.run([sys.executable, task.__file__, *args], env=env,
+                          capture_output=True, text=True, timeout=timeout,
+                          stdin=subprocess.DEVNULL)
+
+
+def test_task_writes_markers_and_status(tmp_path):
+    r = run_task(["--status-dir", str(tmp_path), "--", sys.executable, "-c", "exit(4)"],
+                 rank="3")
+    assert r.returncode == 4
+    assert (tmp_path / "start.3.json").exists()
+    status = task.read_status(task.status_path(str(tmp_path), 3))
+    assert status.exitcode == 4 and status.signal is None and status.failed
+    assert "mlslrun: rank 3 (host " in r.stderr and "exited with code 4" in r.stderr
+
+
+def test_task_success_is_quiet(tmp_path):
+    r = run_task(["--status-dir", str(tmp_path), "--", sys.executable, "-c", "print('ok')"])
+    assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == ""
+    assert not task.read_status(task.status_path(str(tmp_path), 0)).failed
+
+
+def test_task_reports_signal(tmp_path):
+    r = run_task(["--", sys.executable, "-c", "import os; os.kill(os.getpid(), 9)"])
+    assert r.returncode == 128 + 9 and "was killed by signal SIGKILL" in r.stderr
+
+
+def test_task_command_not_found():
+    r = run_task(["--", "/nonexistent/program"])
+    assert r.returncode == 127 and "could not start" in r.stderr
+
+
+def test_task_without_rank_env_is_an_error():
+    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS}
+    r = subprocess.run([sys.executable, task.__file__, "--", "true"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "PMI_RANK" in r.stderr
+
+
+def test_task_does_not_import_mlsl_tf(tmp_path):
+    code = ("import runpy, sys; sys.argv = ['task.py', '--', 'true']; "
+            f"runpy.run_path({task.__file__!r}, run_name='not_main'); "
+            "assert 'mlsl_tf' not in sys.modules and 'tensorflow' not in sys.modules")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+
+
+def test_find_rank():
+    assert task.find_rank({"PMI_RANK": "2"}) == 2
+    assert task.find_rank({"OMPI_COMM_WORLD_RANK": "5"}) == 5
+    assert task.find_rank({"SLURM_PROCID": "1", "PMIX_RANK": "7"}) == 1
+    assert task.find_rank({"PMIX_RANK": "7"}) == 7
+    with pytest.raises(ValueError, match="none of PMI_RANK"):
+        task.find_rank({})
+    with pytest.raises(ValueError, match="not a rank number"):
+        task.find_rank({"PMI_RANK": "x"})
+
+
+def test_rank_dir_name_pads_like_horovodrun():
+    assert task.rank_dir_name(1, 2) == "rank.1"
+    assert task.rank_dir_name(3, 16) == "rank.03"
+    assert task.rank_dir_name(7, 100) == "rank.07"
+    assert task.rank_dir_name(0, 1) == "rank.0"
+    assert task.rank_dir_name(4, None) == "rank.4"
+
+
+def status(rank, *, code=None, sig=None, forwarded=None, t=0.0):
+    return task.RankStatus(rank, "h", 100 + rank, code, sig, forwarded, t)
+
+
+def test_describe():
+    assert status(1, code=3).describe() == "rank 1 (host h, pid 101) exited with code 3"
+    assert status(0, sig=9).describe() == "rank 0 (host h, pid 100) was killed by signal SIGKILL"
+    assert status(0, sig=15, forwarded=15).describe().endswith("SIGTERM (sent by the launcher)")
+    assert status(0, sig=15).wrapper_exit_code == 143
+
+
+# ---------------------------------------------------------------- launch.py helpers
+
+
+def test_first_failure_prefers_the_cause():
+    assert launch.first_failure([status(0, code=0)]) is None
+    stopped = status(0, sig=15, forwarded=15, t=1.0)
+    cause = status(1, code=3, t=2.0)
+    assert launch.first_failure([stopped, cause]) == cause
+    assert launch.first_failure([status(1, code=2, t=5.0), status(0, code=1, t=4.0)]).rank == 0
+
+
+def test_exit_code_of():
+    assert launch.exit_code_of(0) == 0
+    assert launch.exit_code_of(3) == 3
+    assert launch.exit_code_of(-9) == 137
+
+
+def test_format_ranks():
+    assert launch.format_ranks([3]) == "rank 3"
+    assert launch.format_ranks([2, 1]) == "ranks 1, 2"
+
+
+def test_check_build_text():
+    text = launch.check_build_text(False, "ImportError: no op library", True, "0.1")
+    assert text.startswith("mlsl_tf v0.1:\n")
+    assert "[ ] TensorFlow  (ImportError: no op library)" in text
+    assert "[X] MPI" in text
+    assert "[X] TensorFlow\n" in launch.check_build_text(True, "", False, "0.1")
+
+
+def test_find_mpiexec_prefers_the_python_sibling(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    fake = bin_dir / "mpiexec"
+    fake.write_text("#!/bin/sh\n")
+    fake.chmod(0o755)
+    assert launch.find_mpiexec(str(bin_dir / "python"), path="") == str(fake)
+    assert launch.find_mpiexec(str(tmp_path / "python"), path=str(bin_dir)) == str(fake)
+    assert launch.find_mpiexec(str(tmp_path / "python"), path="") is None
+
+
+@needs_mpi
+def test_found_mpiexec_is_recognised():
+    from mlsl_tf.runner import argv
+    text = launch.mpi_version_text(launch.find_mpiexec())
+    assert argv.detect_flavour(text) in ("mpich", "openmpi", "intel")
