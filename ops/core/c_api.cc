@@ -83,6 +83,17 @@ extern "C" int mlsl_tf_cross_size(void) { return mlsl::Query([](const Runtime& r
 extern "C" int mlsl_tf_mpi_threads_supported(void) { return mlsl::MpiThreadsSupported() ? 1 : 0; }
 extern "C" const char* mlsl_tf_last_error(void) { return mlsl::t_last_error.c_str(); }
 
+extern "C" const char* mlsl_tf_stats_json(void) {
+  static thread_local std::string json;
+  auto rt = mlsl::CurrentRuntime();
+  if (!rt) {
+    mlsl::Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
+    return nullptr;
+  }
+  json = rt->StatsJson();
+  return json.c_str();
+}
+
 extern "C" int mlsl_tf_setting_count(void) { return int(mlsl::AllSettings().size()); }
 extern "C" const char* mlsl_tf_setting_name(int i) { return mlsl::AllSettings().at(i).name; }
 extern "C" const char* mlsl_tf_setting_default(int i) { return mlsl::AllSettings().at(i).default_value; }

@@ -25,6 +25,8 @@ int mlsl_tf_cross_rank(void);
 int mlsl_tf_cross_size(void);
 int mlsl_tf_mpi_threads_supported(void);
 const char* mlsl_tf_last_error(void);
+// The runtime's counters as JSON; null (with last_error) before init.
+const char* mlsl_tf_stats_json(void);
 
 int mlsl_tf_setting_count(void);
 const char* mlsl_tf_setting_name(int i);

@@ -1,5 +1,6 @@
 #include "communicator.h"
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -22,6 +23,13 @@ Status Wait(PendingOp* op) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
+}
+
+void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count) {
+  if (count == 0) return;
+  int64_t k = int64_t(inout[0]);
+  for (int64_t i = 1; i <= k && i < count; ++i) inout[i] &= in[i];
+  for (int64_t i = k + 1; i < count; ++i) inout[i] = std::min(inout[i], in[i]);
 }
 
 }  // namespace mlsl

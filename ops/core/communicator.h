@@ -34,8 +34,9 @@ class Communicator {
 
   // In place: buf (count elements) becomes the reduction over all ranks.
   virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;
-  // In place bitwise AND of `count` 64-bit words; the runtime's readiness bitset.
-  virtual std::unique_ptr<PendingOp> BitAnd(uint64_t* words, int64_t count) = 0;
+  // The runtime's control message, in place: words[0] = k is the same on every rank and kept;
+  // words[1..k] are combined by bitwise AND, words[k+1..count) by MIN.
+  virtual std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) = 0;
   // recv = concatenation, in rank order, of bytes[r] bytes from each rank r (send holds bytes[rank]).
   virtual std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) = 0;
   // buf (bytes long) of `root` is copied to every rank's buf.
@@ -52,5 +53,8 @@ class Communicator {
 // Drives op to completion, spinning briefly and then sleeping in short steps so a waiting
 // rank does not burn its core.
 Status Wait(PendingOp* op);
+
+// The combining rule of Communicator::Control, for implementations: inout = inout (op) in.
+void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count);
 
 }  // namespace mlsl

@@ -21,7 +21,6 @@ double PostFactor(const RequestMeta& m, int size) {
 
 Status Executor::Execute(const RequestMeta& meta, Request* request, const std::vector<bool>& joined) {
   switch (meta.op) {
-    case OpType::kAllreduce: return Allreduce(meta, request);
     case OpType::kAllgather: return Allgather(meta, request);
     case OpType::kBroadcast: return Broadcast(meta, request, joined);
     case OpType::kAlltoall: return Alltoall(meta, request);
@@ -30,60 +29,17 @@ Status Executor::Execute(const RequestMeta& meta, Request* request, const std::v
       auto op = comm_->Barrier();
       return Wait(op.get());
     }
-    case OpType::kJoin: break;
+    case OpType::kAllreduce:  // chunked by the Scheduler
+    case OpType::kJoin:       // a rendezvous in the control message
+      break;
   }
-  return Status::Internal("join is not executed as a collective");
+  return Status::Internal(std::string(OpTypeName(meta.op)) + " is not executed by the Executor");
 }
 
 Status Executor::GatherCounts(int64_t mine, std::vector<int64_t>* all) {
   all->assign(comm_->size(), 0);
   auto op = comm_->Allgatherv(&mine, all->data(), std::vector<int64_t>(comm_->size(), 8));
   return Wait(op.get());
-}
-
-Status Executor::Allreduce(const RequestMeta& m, Request* r) {
-  const size_t esize = DataTypeSize(m.dtype);
-  int64_t total = 0;
-  for (const Shape& s : m.shapes) total += NumElements(s);
-  std::vector<void*> outs(m.shapes.size(), nullptr);
-  void* buf;
-  if (!r) {
-    scratch_.resize(total * esize);
-    buf = scratch_.data();
-    FillIdentity(buf, total, m.dtype, m.reduce_op);
-  } else {
-    for (size_t i = 0; i < m.shapes.size(); ++i) {
-      Status s = Alloc(r, int(i), m.shapes[i], &outs[i]);
-      if (!s.ok()) return s;
-    }
-    if (m.shapes.size() == 1) {
-      buf = outs[0];
-      if (buf != r->inputs[0].data && total) std::memcpy(buf, r->inputs[0].data, total * esize);
-    } else {
-      fusion_.resize(total * esize);
-      buf = fusion_.data();
-      char* p = fusion_.data();
-      for (size_t i = 0; i < m.shapes.size(); ++i) {
-        size_t bytes = NumElements(m.shapes[i]) * esize;
-        if (bytes) std::memcpy(p, r->inputs[i].data, bytes);
-        p += bytes;
-      }
-    }
-    ScaleInPlace(buf, total, m.dtype, m.prescale);
-  }
-  auto op = comm_->Allreduce(buf, total, m.dtype, m.reduce_op);
-  Status s = Wait(op.get());
-  if (!s.ok() || !r) return s;
-  ScaleInPlace(buf, total, m.dtype, PostFactor(m, comm_->size()));
-  if (m.shapes.size() > 1) {
-    const char* p = fusion_.data();
-    for (size_t i = 0; i < m.shapes.size(); ++i) {
-      size_t bytes = NumElements(m.shapes[i]) * esize;
-      if (bytes) std::memcpy(outs[i], p, bytes);
-      p += bytes;
-    }
-  }
-  return Status::Ok();
 }
 
 Status Executor::Allgather(const RequestMeta& m, Request* r) {
@@ -179,12 +135,12 @@ Status Executor::Reducescatter(const RequestMeta& m, Request* r) {
   std::vector<int64_t> counts(n);
   for (int i = 0; i < n; ++i) counts[i] = (shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row;
   // The input is copied so prescaling never writes into the caller's tensor.
-  fusion_.resize(total * esize);
+  staging_.resize(total * esize);
   if (r) {
-    if (total) std::memcpy(fusion_.data(), r->inputs[0].data, total * esize);
-    ScaleInPlace(fusion_.data(), total, m.dtype, m.prescale);
+    if (total) std::memcpy(staging_.data(), r->inputs[0].data, total * esize);
+    ScaleInPlace(staging_.data(), total, m.dtype, m.prescale);
   } else {
-    FillIdentity(fusion_.data(), total, m.dtype, m.reduce_op);
+    FillIdentity(staging_.data(), total, m.dtype, m.reduce_op);
   }
   const int me = comm_->rank();
   void* out;
@@ -198,7 +154,7 @@ Status Executor::Reducescatter(const RequestMeta& m, Request* r) {
     scratch_.resize(counts[me] * esize);
     out = scratch_.data();
   }
-  auto op = comm_->ReduceScatter(fusion_.data(), out, counts, m.dtype, m.reduce_op);
+  auto op = comm_->ReduceScatter(staging_.data(), out, counts, m.dtype, m.reduce_op);
   Status s = Wait(op.get());
   if (s.ok() && r) ScaleInPlace(out, counts[me], m.dtype, PostFactor(m, n));
   return s;

@@ -1,5 +1,6 @@
-// Executor: runs one agreed collective on the communicator. Every rank calls Execute for the
-// same ids in the same order. A rank that has joined (Horovod's join) has no request of its
+// Executor: runs one agreed non-chunked collective (allgather, broadcast, alltoall,
+// reducescatter, barrier) to completion. Every rank calls Execute for the same ids in the
+// same order; allreduces go through the Scheduler's chunks instead. A rank that has joined (Horovod's join) has no request of its
 // own: it passes request == nullptr and contributes the op's identity, or no rows.
 #pragma once
 
@@ -18,7 +19,6 @@ class Executor {
   Status Execute(const RequestMeta& meta, Request* request, const std::vector<bool>& joined);
 
  private:
-  Status Allreduce(const RequestMeta& m, Request* r);
   Status Allgather(const RequestMeta& m, Request* r);
   Status Broadcast(const RequestMeta& m, Request* r, const std::vector<bool>& joined);
   Status Alltoall(const RequestMeta& m, Request* r);
@@ -27,7 +27,7 @@ class Executor {
   Status GatherCounts(int64_t mine, std::vector<int64_t>* all);
 
   Communicator* comm_;
-  std::vector<char> fusion_;   // packing buffer for grouped allreduce, reused across calls
+  std::vector<char> staging_;  // reducescatter's prescaled copy of the input, reused across calls
   std::vector<char> scratch_;  // a joined rank's stand-in buffers
 };
 

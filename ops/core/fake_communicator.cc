@@ -8,7 +8,7 @@
 namespace mlsl {
 namespace {
 
-enum Kind { kAllreduce = 1, kBitAnd, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier };
+enum Kind { kAllreduce = 1, kControl, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier };
 
 class FakePending : public PendingOp {
  public:
@@ -63,14 +63,12 @@ void FakeWorld::Compute(Slot* slot) {
   const int n = size_;
   switch (p[0].kind) {
     case kAllreduce:
-    case kBitAnd: {
-      size_t bytes = p[0].count * (p[0].kind == kBitAnd ? 8 : DataTypeSize(p[0].dtype));
+    case kControl: {
+      size_t bytes = p[0].count * (p[0].kind == kControl ? 8 : DataTypeSize(p[0].dtype));
       std::vector<char> acc(static_cast<char*>(p[0].buf), static_cast<char*>(p[0].buf) + bytes);
       for (int r = 1; r < n; ++r) {
-        if (p[0].kind == kBitAnd) {
-          auto* a = reinterpret_cast<uint64_t*>(acc.data());
-          auto* b = static_cast<const uint64_t*>(p[r].buf);
-          for (int64_t i = 0; i < p[0].count; ++i) a[i] &= b[i];
+        if (p[0].kind == kControl) {
+          CombineControl(static_cast<const uint64_t*>(p[r].buf), reinterpret_cast<uint64_t*>(acc.data()), p[0].count);
         } else {
           ReduceInto(acc.data(), p[r].buf, p[0].count, p[0].dtype, p[0].op);
         }
@@ -139,9 +137,9 @@ std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count,
   return Start(std::move(p));
 }
 
-std::unique_ptr<PendingOp> FakeCommunicator::BitAnd(uint64_t* words, int64_t count) {
+std::unique_ptr<PendingOp> FakeCommunicator::Control(uint64_t* words, int64_t count) {
   FakeWorld::Part p;
-  p.kind = kBitAnd; p.buf = words; p.count = count;
+  p.kind = kControl; p.buf = words; p.count = count;
   return Start(std::move(p));
 }
 

@@ -45,6 +45,10 @@ MPI_Datatype NativeType(DataType t) {
 
 // User-defined MPI reductions for the types MPI cannot reduce: each (dtype, op) pair gets a
 // function that forwards to the core's kernels.
+void ControlOp(void* in, void* inout, int* len, MPI_Datatype*) {
+  CombineControl(static_cast<const uint64_t*>(in), static_cast<uint64_t*>(inout), *len);
+}
+
 template <DataType D, ReduceOp O>
 void UserReduce(void* in, void* inout, int* len, MPI_Datatype*) {
   ReduceInto(inout, in, *len, D, O);
@@ -52,7 +56,9 @@ void UserReduce(void* in, void* inout, int* len, MPI_Datatype*) {
 
 struct UserOps {
   MPI_Op ops[kNumDataTypes][6];
+  MPI_Op control = MPI_OP_NULL;
   UserOps() {
+    MPI_Op_create(&ControlOp, 1, &control);
     for (auto& row : ops) for (auto& op : row) op = MPI_OP_NULL;
     Make<DataType::kFloat16>();
     Make<DataType::kBfloat16>();
@@ -133,6 +139,7 @@ class MpiCommunicator : public Communicator {
     int finalized = 0;
     MPI_Finalized(&finalized);
     if (finalized) return;
+    MPI_Op_free(&user_.control);
     for (auto& row : user_.ops) {
       for (int op = 0; op < 6; ++op) {  // kAverage shares kSum's handle
         if (op != int(ReduceOp::kAverage) && row[op] != MPI_OP_NULL) MPI_Op_free(&row[op]);
@@ -150,10 +157,10 @@ class MpiCommunicator : public Communicator {
     int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op), comm_, p->request());
     return Checked(std::move(p), rc, "MPI_Iallreduce");
   }
-  std::unique_ptr<PendingOp> BitAnd(uint64_t* words, int64_t count) override {
+  std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override {
     auto p = std::make_unique<MpiPending>();
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, words, int(count), MPI_UINT64_T, MPI_BAND, comm_, p->request());
-    return Checked(std::move(p), rc, "MPI_Iallreduce(bitset)");
+    int rc = MPI_Iallreduce(MPI_IN_PLACE, words, int(count), MPI_UINT64_T, user_.control, comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Iallreduce(control)");
   }
   std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override {
     auto p = std::make_unique<MpiPending>();

@@ -1,6 +1,10 @@
 #include "runtime.h"
 
+#include <pthread.h>
+#include <sched.h>
+
 #include <algorithm>
+#include <cstdlib>
 
 #include "logging.h"
 #include "settings.h"
@@ -25,7 +29,34 @@ std::string RankList(const std::vector<int>& ranks) {
   return s;
 }
 
-constexpr uint64_t kNobodyAnnounces = 1;  // word 0, bit 0 (inverted OR)
+constexpr uint64_t kNobodyAnnounces = 1;  // flags word, bit 0 (inverted OR)
+
+SchedulerOptions OptionsFromSettings() {
+  SchedulerOptions o;
+  o.chunk_bytes = std::max<int64_t>(1, SettingInt("MLSL_TF_CHUNK_BYTES"));
+  o.inflight = int(std::max<int64_t>(1, SettingInt("MLSL_TF_INFLIGHT")));
+  o.fusion_threshold = SettingInt("MLSL_TF_FUSION_THRESHOLD");
+  std::string policy = SettingString("MLSL_TF_PRIORITY");
+  if (policy != "priority" && policy != "fifo") {
+    Log(LogLevel::kWarning, "MLSL_TF_PRIORITY=" + policy + " is neither 'priority' nor 'fifo'; using priority");
+  }
+  o.fifo = policy == "fifo";
+  return o;
+}
+
+// "3" or "2,3": the core of this rank is the (local_rank mod n)-th entry.
+int CommCoreFor(const std::string& spec, int local_rank) {
+  std::vector<int> cores;
+  size_t pos = 0;
+  while (pos < spec.size()) {
+    size_t comma = spec.find(',', pos);
+    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    if (!item.empty()) cores.push_back(std::atoi(item.c_str()));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  return cores.empty() ? -1 : cores[local_rank % cores.size()];
+}
 
 }  // namespace
 
@@ -37,6 +68,8 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       heartbeat_(std::max<int64_t>(1, SettingInt("MLSL_TF_HEARTBEAT_MS"))),
       stall_warning_(SettingInt("MLSL_TF_STALL_WARNING_SECONDS")),
       executor_(comm_.get()),
+      timeline_(SettingString("MLSL_TF_TIMELINE"), rank_),
+      scheduler_(comm_.get(), &executor_, &timeline_, &stats_, OptionsFromSettings()),
       coordinator_(size_),
       joined_before_(size_, false),
       last_stall_check_(std::chrono::steady_clock::now()),
@@ -70,15 +103,34 @@ void Runtime::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
+void Runtime::PinToCommCore() {
+  std::string spec = SettingString("MLSL_TF_COMM_CORE");
+  if (spec.empty()) return;
+  int core = CommCoreFor(spec, topology_.local_rank);
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(core, &set);
+  int rc = core < 0 ? -1 : pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  if (rc != 0) {
+    Log(LogLevel::kWarning, "could not pin the background thread to core " + std::to_string(core) +
+                                " (MLSL_TF_COMM_CORE=" + spec + ")");
+  } else {
+    Log(LogLevel::kInfo, "background thread pinned to core " + std::to_string(core));
+  }
+}
+
 void Runtime::Loop() {
+  PinToCommCore();
   int idle = 0;  // cycles in a row that moved nothing
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (incoming_.empty() && !stop_requested_) {
-        bool local_work = !pending_.empty() || join_ != nullptr;
+        bool local_work = !pending_.empty() || join_ != nullptr || !scheduler_.idle();
         std::chrono::microseconds wait(0);
-        if (!local_work) {
+        if (!scheduler_.idle()) {
+          // transfers in flight: poll
+        } else if (!local_work) {
           wait = heartbeat_;
         } else if (idle >= 8) {
           // Waiting on peers: back off so two ranks waiting on each other do not spin.
@@ -112,6 +164,7 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
     return;
   }
   Local local;
+  local.submitted = std::chrono::steady_clock::now();
   local.meta = RequestMeta::From(*r);
   local.meta.local_error = ValidateLocally(*r, rank_, size_);
   auto cached = cached_ids_.find(r->name);
@@ -132,25 +185,29 @@ bool Runtime::Cycle(bool* progress) {
     incoming.swap(incoming_);
     stopping = stop_requested_;
   }
+  const uint64_t started_before = scheduler_.started(), completed_before = scheduler_.completed_prefix();
   *progress = !incoming.empty();
   for (auto& r : incoming) Intake(std::move(r));
 
-  // Bitset layout: [flags][joined ranks][shut-down ranks][ready ids].
+  // Control layout: [k][flags][joined ranks][shut-down ranks][ready ids] (AND) [units done] (MIN).
   const int rank_words = Words(size_);
-  const int64_t joined_at = 1, shut_at = 1 + rank_words, ready_at = 1 + 2 * rank_words;
   const int32_t num_ids = coordinator_.num_ids();
-  std::vector<uint64_t> bits(ready_at + Words(num_ids), ~uint64_t(0));
+  const int64_t flags_at = 1, joined_at = 2, shut_at = 2 + rank_words, ready_at = 2 + 2 * rank_words;
+  const int64_t done_at = ready_at + Words(num_ids);
+  std::vector<uint64_t> bits(done_at + 1, ~uint64_t(0));
+  bits[0] = uint64_t(done_at - 1);
   bool announcing = false;
   for (auto& [name, l] : pending_) announcing = announcing || l.state == Local::kToAnnounce;
-  if (announcing) bits[0] &= ~kNobodyAnnounces;
+  if (announcing) bits[flags_at] &= ~kNobodyAnnounces;
   if (join_) ClearBit(bits, joined_at, rank_);
   if (stopping) ClearBit(bits, shut_at, rank_);
   if (!join_) {
-    std::fill(bits.begin() + ready_at, bits.end(), 0);
+    std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
     for (auto& [name, l] : pending_) if (l.state == Local::kReady) SetBit(bits, ready_at, l.id);
   }
-  auto op = comm_->BitAnd(bits.data(), int64_t(bits.size()));
-  Status s = Wait(op.get());
+  bits[done_at] = scheduler_.completed_prefix();
+  auto op = comm_->Control(bits.data(), int64_t(bits.size()));
+  Status s = WaitProgressing(op.get());
   if (!s.ok()) {
     Close("mlsl_tf: the background cycle failed: " + s.message());
     return false;
@@ -183,34 +240,64 @@ bool Runtime::Cycle(bool* progress) {
   joined_before_ = joined;
 
   std::vector<int32_t> agreed;
-  if (!(bits[0] & kNobodyAnnounces)) {
-    Negotiate(joined, &agreed);
+  if (!(bits[flags_at] & kNobodyAnnounces)) {
+    if (!Negotiate(joined, &agreed)) return false;
     *progress = true;
   }
   if (!all_joined) {
     for (int32_t id = 0; id < num_ids; ++id) if (TestBit(bits, ready_at, id)) agreed.push_back(id);
   }
-  std::sort(agreed.begin(), agreed.end(), [this](int32_t a, int32_t b) {
-    int pa = coordinator_.meta(a).priority, pb = coordinator_.meta(b).priority;
-    return pa != pb ? pa < pb : a < b;
-  });
+  std::sort(agreed.begin(), agreed.end());
   for (int32_t id : agreed) {
     const RequestMeta& meta = coordinator_.meta(id);
     auto it = pending_.find(meta.name);
-    Request* mine = it != pending_.end() && it->second.id == id ? it->second.request.get() : nullptr;
-    Status st = executor_.Execute(meta, mine, joined);
-    if (mine) Finish(meta.name, st);
-    *progress = true;
+    Request* mine = nullptr;
+    auto submitted = std::chrono::steady_clock::now();
+    if (it != pending_.end() && it->second.id == id && it->second.state == Local::kReady) {
+      it->second.state = Local::kScheduled;
+      mine = it->second.request.get();
+      submitted = it->second.submitted;
+    }
+    std::string name = meta.name;
+    scheduler_.Add(id, meta, mine, [this, name](const Status& st) { Finish(name, st); }, submitted);
+    if (mine) stats_.Request();
   }
-  if (all_joined) {
+  // Units completed on every rank are common knowledge, so every rank starts the same ones.
+  const uint64_t done_everywhere = bits[done_at];
+  scheduler_.StartUpTo(done_everywhere + uint64_t(scheduler_.options().inflight), joined);
+  scheduler_.Progress();
+  // Join completes in the same cycle everywhere: all joined and nothing left anywhere.
+  if (all_joined && scheduler_.queue_empty() && done_everywhere == scheduler_.started()) {
     FinishJoin(last_joined_);
     std::fill(joined_before_.begin(), joined_before_.end(), false);
     *progress = true;
   }
+  *progress = *progress || scheduler_.started() != started_before ||
+              scheduler_.completed_prefix() != completed_before;
   return true;
 }
 
-void Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed) {
+Status Runtime::WaitProgressing(PendingOp* op) {
+  using Clock = std::chrono::steady_clock;
+  auto start = Clock::now();
+  for (int spins = 0;; ++spins) {
+    bool done = false;
+    Status s = op->Test(&done);
+    if (!s.ok() || done) return s;
+    scheduler_.Progress();
+    if (spins < 64) continue;
+    auto waited = Clock::now() - start;
+    if (waited < std::chrono::microseconds(200) || !scheduler_.idle()) {
+      std::this_thread::yield();
+    } else if (waited < std::chrono::milliseconds(5)) {
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    } else {
+      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+  }
+}
+
+bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed) {
   std::vector<RequestMeta> mine;
   for (auto& [name, l] : pending_) {
     if (l.state == Local::kToAnnounce) {
@@ -233,14 +320,14 @@ void Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
   }
   if (!s.ok()) {
     Close("mlsl_tf: negotiation failed: " + s.message());
-    return;
+    return false;
   }
   int64_t offset = 0;
   for (int r = 0; r < size_; ++r) {
     std::vector<RequestMeta> metas;
     if (!ParseMetas(all.data() + offset, sizes[r], &metas)) {
       Close("mlsl_tf: internal error: could not parse the announcements of rank " + std::to_string(r));
-      return;
+      return false;
     }
     offset += sizes[r];
     for (RequestMeta& m : metas) coordinator_.Announce(r, std::move(m));
@@ -269,6 +356,7 @@ void Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
         break;
     }
   }
+  return true;
 }
 
 void Runtime::Finish(const std::string& name, const Status& s) {
@@ -294,6 +382,7 @@ void Runtime::Close(const std::string& reason) {
     closed_reason_ = reason;
     incoming.swap(incoming_);
   }
+  scheduler_.FailAll(Status::Aborted(reason + " (the collective did not complete)"));
   std::vector<std::unique_ptr<Request>> failed;
   for (auto& r : incoming) failed.push_back(std::move(r));
   for (auto& [name, l] : pending_) failed.push_back(std::move(l.request));

@@ -13,7 +13,10 @@
 //      per-rank bits are stored inverted so the AND works as an OR for them;
 //   3. if some rank announced, allgather the announcements and let the (replicated)
 //      Coordinator decide: agreed names are ready everywhere at once, errors fail everywhere;
-//   4. run the agreed ids in (priority, id) order, identically on all ranks.
+//   4. queue the agreed ids in the Scheduler, which starts chunks most-urgent-first up to a
+//      window that is common knowledge (the MIN of every rank's completed units, carried in
+//      the same control message, plus MLSL_TF_INFLIGHT) -- identically on all ranks.
+// While the control message is in flight, the thread keeps testing the chunks in flight.
 #pragma once
 
 #include <chrono>
@@ -30,6 +33,9 @@
 #include "communicator.h"
 #include "coordinator.h"
 #include "executor.h"
+#include "scheduler.h"
+#include "stats.h"
+#include "timeline.h"
 #include "request.h"
 
 namespace mlsl {
@@ -49,20 +55,26 @@ class Runtime {
   int rank() const { return rank_; }
   int size() const { return size_; }
   Topology topology() const { return topology_; }
+  // Counters as a JSON object (mlsl_tf.stats()).
+  std::string StatsJson() const { return stats_.Json(); }
 
  private:
   struct Local {
     std::unique_ptr<Request> request;
     RequestMeta meta;
-    enum State { kToAnnounce, kAnnounced, kReady } state = kToAnnounce;
+    enum State { kToAnnounce, kAnnounced, kReady, kScheduled } state = kToAnnounce;
     int32_t id = -1;
+    std::chrono::steady_clock::time_point submitted;
   };
 
   void Loop();
   // One cycle; returns false when the runtime has closed. *progress: something moved.
   bool Cycle(bool* progress);
   void Intake(std::unique_ptr<Request> r);
-  void Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
+  bool Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
+  // Waits for a control operation while driving the chunks in flight.
+  Status WaitProgressing(PendingOp* op);
+  void PinToCommCore();
   void Finish(const std::string& name, const Status& s);
   void FinishJoin(int last_rank);
   // Refuses future submissions with `reason` and fails everything pending with it.
@@ -84,6 +96,9 @@ class Runtime {
 
   // Owned by the background thread.
   Executor executor_;
+  Timeline timeline_;
+  Stats stats_;
+  Scheduler scheduler_;
   Coordinator coordinator_;
   std::map<std::string, Local> pending_;
   std::unordered_map<std::string, int32_t> cached_ids_;

@@ -1,0 +1,299 @@
+#include "scheduler.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "reduce.h"
+
+namespace mlsl {
+
+// One request (or one joined rank's stand-in) inside a Work.
+struct Scheduler::Part {
+  int32_t id;
+  std::string name;
+  Request* request;  // null: joined rank
+  Finish finish;
+  int64_t offset;    // first element in the work's buffer
+  int64_t count;     // elements (all of the request's tensors)
+  std::vector<void*> outputs;
+  Clock::time_point submitted, agreed;
+};
+
+// A unit of scheduling: one collective, or several fused allreduces.
+struct Scheduler::Work {
+  RequestMeta meta;
+  uint64_t order;  // fifo key
+  std::vector<Part> parts;
+  bool chunked = false;
+  bool prepared = false;
+  char* buf = nullptr;
+  std::vector<char> own;
+  int64_t total = 0, next = 0;  // elements
+  int outstanding = 0, chunks = 0;
+  Status status;
+  Clock::time_point first_start;
+  int64_t bytes() const { return total * int64_t(DataTypeSize(meta.dtype)); }
+  std::string label() const {
+    return parts.size() == 1 ? parts[0].name : "fused[" + std::to_string(parts.size()) + "] " + parts[0].name;
+  }
+};
+
+struct Scheduler::Unit {
+  uint64_t seq;
+  std::unique_ptr<PendingOp> op;
+  Work* work;
+  int64_t bytes;
+  int chunk;
+  Clock::time_point start;
+};
+
+namespace {
+
+int64_t Elements(const RequestMeta& m) {
+  int64_t n = 0;
+  for (const Shape& s : m.shapes) n += NumElements(s);
+  return n;
+}
+
+bool SameKind(const RequestMeta& a, const RequestMeta& b) {
+  return a.op == OpType::kAllreduce && b.op == OpType::kAllreduce && a.dtype == b.dtype &&
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group;
+}
+
+}  // namespace
+
+Scheduler::Scheduler(Communicator* comm, Executor* executor, Timeline* timeline, Stats* stats, SchedulerOptions options)
+    : comm_(comm), executor_(executor), timeline_(timeline), stats_(stats), options_(options) {}
+
+Scheduler::~Scheduler() = default;
+
+void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted) {
+  auto w = std::make_unique<Work>();
+  w->meta = meta;
+  w->order = agreed_++;
+  w->chunked = meta.op == OpType::kAllreduce;
+  w->total = Elements(meta);
+  Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Clock::now()};
+  if (request && timeline_->enabled()) {
+    timeline_->Span(meta.name, "negotiate", "negotiation", submitted, p.agreed);
+  }
+  w->parts.push_back(std::move(p));
+  Insert(std::move(w));
+}
+
+void Scheduler::Insert(std::unique_ptr<Work> w) {
+  auto before = [this](const std::unique_ptr<Work>& a, const std::unique_ptr<Work>& b) {
+    if (options_.fifo) return a->order < b->order;
+    if (a->meta.priority != b->meta.priority) return a->meta.priority < b->meta.priority;
+    return a->parts[0].id < b->parts[0].id;
+  };
+  auto at = std::upper_bound(queue_.begin(), queue_.end(), w, before);
+  queue_.insert(at, std::move(w));
+}
+
+void Scheduler::Fuse(Work* head) {
+  if (options_.fusion_threshold <= 0 || !head->chunked || head->bytes() > options_.fusion_threshold) return;
+  int64_t bytes = head->bytes();
+  for (auto it = queue_.begin() + 1; it != queue_.end();) {
+    Work* w = it->get();
+    if (w->prepared || !SameKind(head->meta, w->meta) || bytes + w->bytes() > options_.fusion_threshold) {
+      ++it;
+      continue;
+    }
+    for (Part& p : w->parts) {
+      p.offset = head->total;
+      head->total += Elements(w->meta);
+      head->parts.push_back(std::move(p));
+    }
+    bytes += w->bytes();
+    it = queue_.erase(it);
+  }
+  if (head->parts.size() > 1) stats_->Fused(int(head->parts.size()));
+}
+
+// Allocates outputs and fills the buffer the chunks reduce: the output itself for a single
+// tensor, otherwise a packed buffer; a joined rank's parts hold the identity.
+void Scheduler::Prepare(Work* w) {
+  w->prepared = true;
+  w->first_start = Clock::now();
+  const size_t esize = DataTypeSize(w->meta.dtype);
+  for (Part& p : w->parts) {
+    if (!p.request) continue;
+    for (size_t i = 0; i < p.request->inputs.size(); ++i) {
+      void* out = nullptr;
+      Status s = p.request->allocate_output(int(i), p.request->inputs[i].shape, &out);
+      if (!s.ok()) w->status = s;
+      p.outputs.push_back(out);
+    }
+    stats_->Wait(w->meta.priority, std::chrono::duration<double>(w->first_start - p.agreed).count());
+    if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, w->first_start);
+  }
+  bool direct = w->parts.size() == 1 && w->parts[0].request && w->parts[0].outputs.size() == 1 &&
+                w->status.ok() && (w->parts[0].outputs[0] || w->total == 0);
+  if (direct) {
+    w->buf = static_cast<char*>(w->parts[0].outputs[0]);
+  } else {
+    w->own.resize(w->total * esize);
+    w->buf = w->own.data();
+  }
+  for (Part& p : w->parts) {
+    char* dst = w->buf + p.offset * esize;
+    if (!p.request) {
+      FillIdentity(dst, p.count, w->meta.dtype, w->meta.reduce_op);
+      continue;
+    }
+    int64_t n = 0;
+    for (const TensorInput& t : p.request->inputs) {
+      size_t bytes = NumElements(t.shape) * esize;
+      if (bytes && dst + n * esize != t.data) std::memcpy(dst + n * esize, t.data, bytes);
+      n += NumElements(t.shape);
+    }
+    ScaleInPlace(dst, n, w->meta.dtype, w->meta.prescale);
+  }
+}
+
+void Scheduler::StartChunk(Work* w) {
+  const size_t esize = DataTypeSize(w->meta.dtype);
+  int64_t per_chunk = std::max<int64_t>(1, options_.chunk_bytes / int64_t(esize));
+  int64_t n = std::min(per_chunk, w->total - w->next);
+  auto unit = std::make_unique<Unit>();
+  unit->seq = started_++;
+  unit->work = w;
+  unit->bytes = n * int64_t(esize);
+  unit->chunk = w->chunks++;
+  unit->start = Clock::now();
+  unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op);
+  w->next += n;
+  w->outstanding++;
+  stats_->Chunk(unit->bytes);
+  inflight_.push_back(std::move(unit));
+}
+
+void Scheduler::RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined) {
+  uint64_t seq = started_++;
+  Part& p = w->parts[0];
+  auto start = Clock::now();
+  if (p.request) {
+    stats_->Wait(w->meta.priority, std::chrono::duration<double>(start - p.agreed).count());
+    if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, start);
+  }
+  Status s = executor_->Execute(w->meta, p.request, joined);
+  if (timeline_->enabled() && p.request) {
+    timeline_->Span(p.name, OpTypeName(w->meta.op), "collective", start, Clock::now());
+  }
+  Complete(seq);
+  if (p.request) p.finish(s);
+}
+
+void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined) {
+  while (started_ < limit && !queue_.empty()) {
+    Work* head = queue_.front().get();
+    if (!head->chunked) {
+      std::unique_ptr<Work> w = std::move(queue_.front());
+      queue_.erase(queue_.begin());
+      RunWhole(std::move(w), joined);
+      continue;
+    }
+    if (!head->prepared) {
+      Fuse(head);
+      Prepare(head);
+    }
+    if (last_started_ && last_started_ != head && last_started_->next < last_started_->total) {
+      stats_->Preemption();
+      if (timeline_->enabled()) {
+        timeline_->Instant("preempted by " + head->label(), "preempt", "queue", Clock::now(),
+                           "{\"tensor\": \"" + JsonEscape(last_started_->label()) + "\"}");
+      }
+    }
+    last_started_ = head;
+    StartChunk(head);
+    if (head->next == head->total) {
+      active_.push_back(std::move(queue_.front()));
+      queue_.erase(queue_.begin());
+    }
+  }
+}
+
+void Scheduler::Complete(uint64_t seq) {
+  if (seq == completed_prefix_) {
+    ++completed_prefix_;
+    while (!completed_out_of_order_.empty() && *completed_out_of_order_.begin() == completed_prefix_) {
+      completed_out_of_order_.erase(completed_out_of_order_.begin());
+      ++completed_prefix_;
+    }
+  } else {
+    completed_out_of_order_.insert(seq);
+  }
+}
+
+void Scheduler::Progress() {
+  for (size_t i = 0; i < inflight_.size();) {
+    Unit* u = inflight_[i].get();
+    bool done = false;
+    Status s = u->op->Test(&done);
+    if (!s.ok()) {
+      u->work->status = s;
+      done = true;
+    }
+    if (!done) {
+      ++i;
+      continue;
+    }
+    Work* w = u->work;
+    if (timeline_->enabled()) {
+      timeline_->Span(w->label(), "chunk", "inflight " + std::to_string(u->seq % options_.inflight), u->start,
+                      Clock::now(),
+                      "{\"bytes\": " + std::to_string(u->bytes) + ", \"chunk\": " + std::to_string(u->chunk) +
+                          ", \"priority\": " + std::to_string(w->meta.priority) + "}");
+    }
+    Complete(u->seq);
+    inflight_.erase(inflight_.begin() + i);
+    if (--w->outstanding == 0 && w->next == w->total) Finalize(w);
+  }
+}
+
+void Scheduler::Finalize(Work* w) {
+  const size_t esize = DataTypeSize(w->meta.dtype);
+  double post = w->meta.reduce_op == ReduceOp::kAverage ? w->meta.postscale / comm_->size() : w->meta.postscale;
+  for (Part& p : w->parts) {
+    if (!p.request) continue;
+    if (w->status.ok()) {
+      char* src = w->buf + p.offset * esize;
+      int64_t n = 0;
+      for (size_t i = 0; i < p.request->inputs.size(); ++i) {
+        int64_t count = NumElements(p.request->inputs[i].shape);
+        ScaleInPlace(src + n * esize, count, w->meta.dtype, post);
+        if (count && p.outputs[i] != src + n * esize) std::memcpy(p.outputs[i], src + n * esize, count * esize);
+        n += count;
+      }
+    }
+    if (timeline_->enabled()) timeline_->Instant(p.name, "done", "queue", Clock::now());
+    p.finish(w->status);
+  }
+  if (last_started_ == w) last_started_ = nullptr;
+  auto it = std::find_if(active_.begin(), active_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; });
+  if (it != active_.end()) {
+    active_.erase(it);
+  } else {
+    auto q = std::find_if(queue_.begin(), queue_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; });
+    if (q != queue_.end()) queue_.erase(q);
+  }
+}
+
+void Scheduler::FailAll(const Status& status) {
+  // In-flight MPI operations cannot be cancelled portably; the buffers they use stay alive
+  // with this scheduler, and the requests are failed now.
+  std::vector<std::unique_ptr<Work>> all;
+  for (auto& w : queue_) all.push_back(std::move(w));
+  for (auto& w : active_) all.push_back(std::move(w));
+  queue_.clear();
+  active_.clear();
+  for (auto& w : all) {
+    for (Part& p : w->parts) if (p.request) p.finish(status);
+    for (Part& p : w->parts) p.request = nullptr;
+  }
+  orphans_.insert(orphans_.end(), std::make_move_iterator(all.begin()), std::make_move_iterator(all.end()));
+  last_started_ = nullptr;
+}
+
+}  // namespace mlsl

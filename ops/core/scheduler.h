@@ -1,0 +1,91 @@
+// Scheduler: the agreed queue and the transfers in flight.
+//
+// Agreed collectives wait in one queue ordered by (priority, id) -- or by agreement order
+// under the fifo policy -- which is identical on every rank because it is built only from
+// agreed facts. Allreduces are cut into chunks of at most chunk_bytes; small allreduces of the
+// same kind are first fused into one buffer of at most fusion_threshold bytes, which takes
+// the most urgent priority of its parts. Every started chunk (or whole non-chunked
+// collective) is one "unit" with a sequence number. The runtime lets the scheduler start units
+// only up to a limit that is common knowledge (units completed on every rank + inflight),
+// and the choice of the next unit is re-made from the queue each time -- so a newly agreed
+// urgent tensor overtakes the remaining chunks of a big one, and all ranks start the same
+// units in the same order. Every part finishes exactly once.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "communicator.h"
+#include "executor.h"
+#include "meta.h"
+#include "request.h"
+#include "stats.h"
+#include "timeline.h"
+
+namespace mlsl {
+
+struct SchedulerOptions {
+  int64_t chunk_bytes = 1 << 20;
+  int inflight = 2;
+  int64_t fusion_threshold = 4 << 20;  // 0 = no fusion
+  bool fifo = false;
+};
+
+class Scheduler {
+ public:
+  using Clock = std::chrono::steady_clock;
+  using Finish = std::function<void(const Status&)>;
+
+  Scheduler(Communicator* comm, Executor* executor, Timeline* timeline, Stats* stats, SchedulerOptions options);
+  ~Scheduler();
+
+  // Queues an agreed collective. `request` is null on a rank that has joined (it contributes
+  // the identity). `finish` runs exactly once, on this thread.
+  void Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted);
+  // Tests the units in flight; finishes collectives whose last unit completed here.
+  void Progress();
+  // Starts units, most urgent first, until `limit` units have been started since creation.
+  void StartUpTo(uint64_t limit, const std::vector<bool>& joined);
+  // Fails everything queued or in flight (used when the runtime closes).
+  void FailAll(const Status& status);
+
+  uint64_t started() const { return started_; }
+  uint64_t completed_prefix() const { return completed_prefix_; }
+  bool queue_empty() const { return queue_.empty(); }
+  bool idle() const { return queue_.empty() && active_.empty(); }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Part;
+  struct Work;
+  struct Unit;
+
+  void Insert(std::unique_ptr<Work> w);
+  void Fuse(Work* head);
+  void Prepare(Work* w);
+  void StartChunk(Work* w);
+  void RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined);
+  void Complete(uint64_t seq);
+  void Finalize(Work* w);
+
+  Communicator* comm_;
+  Executor* executor_;
+  Timeline* timeline_;
+  Stats* stats_;
+  const SchedulerOptions options_;
+
+  std::vector<std::unique_ptr<Work>> queue_;   // not fully started, in scheduling order
+  std::vector<std::unique_ptr<Work>> active_;  // fully started, units still in flight
+  std::vector<std::unique_ptr<Unit>> inflight_;
+  uint64_t started_ = 0, completed_prefix_ = 0, agreed_ = 0;
+  std::set<uint64_t> completed_out_of_order_;
+  std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
+  Work* last_started_ = nullptr;
+};
+
+}  // namespace mlsl

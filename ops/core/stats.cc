@@ -1,0 +1,23 @@
+#include "stats.h"
+
+#include <sstream>
+
+namespace mlsl {
+
+std::string Stats::Json() const {
+  std::lock_guard<std::mutex> l(mu_);
+  std::ostringstream os;
+  os << "{\"requests\": " << requests_ << ", \"bytes_sent\": " << bytes_ << ", \"chunks\": " << chunks_
+     << ", \"preemptions\": " << preemptions_ << ", \"fused_buffers\": " << fused_buffers_
+     << ", \"fused_tensors\": " << fused_tensors_ << ", \"wait_by_priority\": {";
+  bool first = true;
+  for (const auto& [priority, w] : waits_) {
+    os << (first ? "" : ", ") << "\"" << priority << "\": {\"count\": " << w.first << ", \"total_s\": " << w.second
+       << ", \"mean_s\": " << (w.first ? w.second / w.first : 0.0) << "}";
+    first = false;
+  }
+  os << "}}";
+  return os.str();
+}
+
+}  // namespace mlsl

@@ -1,0 +1,32 @@
+// Counters the runtime keeps for mlsl_tf.stats(). Written by the background thread, read by
+// any thread (under the mutex), reported as JSON.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace mlsl {
+
+class Stats {
+ public:
+  void Request() { std::lock_guard<std::mutex> l(mu_); ++requests_; }
+  void Chunk(int64_t bytes) { std::lock_guard<std::mutex> l(mu_); ++chunks_; bytes_ += bytes; }
+  void Preemption() { std::lock_guard<std::mutex> l(mu_); ++preemptions_; }
+  void Fused(int parts) { std::lock_guard<std::mutex> l(mu_); ++fused_buffers_; fused_tensors_ += parts; }
+  void Wait(int priority, double seconds) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto& w = waits_[priority];
+    w.first += 1;
+    w.second += seconds;
+  }
+  std::string Json() const;
+
+ private:
+  mutable std::mutex mu_;
+  int64_t requests_ = 0, chunks_ = 0, bytes_ = 0, preemptions_ = 0, fused_buffers_ = 0, fused_tensors_ = 0;
+  std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
+};
+
+}  // namespace mlsl
