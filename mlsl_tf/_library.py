@@ -33,8 +33,9 @@ def c_api():
                "cross_rank", "cross_size", "mpi_threads_supported", "setting_count"):
         getattr(lib, "mlsl_tf_" + fn).restype = ctypes.c_int
         getattr(lib, "mlsl_tf_" + fn).argtypes = []
-    lib.mlsl_tf_last_error.restype = ctypes.c_char_p
-    lib.mlsl_tf_last_error.argtypes = []
+    for fn in ("last_error", "stats_json"):
+        getattr(lib, "mlsl_tf_" + fn).restype = ctypes.c_char_p
+        getattr(lib, "mlsl_tf_" + fn).argtypes = []
     for fn in ("name", "default", "doc"):
         getattr(lib, "mlsl_tf_setting_" + fn).restype = ctypes.c_char_p
         getattr(lib, "mlsl_tf_setting_" + fn).argtypes = [ctypes.c_int]
@@ -54,3 +55,15 @@ def settings():
         default = lib.mlsl_tf_setting_default(i).decode()
         out[name] = (default, lib.mlsl_tf_setting_doc(i).decode(), os.environ.get(name) or default)
     return out
+
+
+def stats():
+    """The runtime's counters: requests, bytes_sent, chunks, preemptions, fused_buffers,
+    fused_tensors and wait_by_priority ({priority: {count, total_s, mean_s}})."""
+    import json
+
+    raw = c_api().mlsl_tf_stats_json()
+    if raw is None:
+        from mlsl_tf.basics import NotInitializedError
+        raise NotInitializedError(last_error())
+    return json.loads(raw.decode())

@@ -159,3 +159,13 @@ def test_init_reuses_mpi4py_world():
     """)
     assert r.returncode == 0, r.stderr
     assert r.stdout.split() == ["1", "1", "True"]
+
+
+def test_stats_count_requests_and_chunks():
+    before = hvd.stats()
+    hvd.allreduce(tf.ones([1000]), op=hvd.Sum, name="stats_probe")
+    after = hvd.stats()
+    assert after["requests"] == before["requests"] + 1
+    assert after["chunks"] >= before["chunks"] + 1
+    assert after["bytes_sent"] >= before["bytes_sent"] + 4000
+    assert set(after) >= {"preemptions", "fused_buffers", "wait_by_priority"}
