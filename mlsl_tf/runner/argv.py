@@ -57,10 +57,52 @@ class EnvFlag:
     help: str
 
 
-# Flags that only set an environment variable on every rank, e.g. a future
-# EnvFlag("--fusion-threshold-mb", "MLSL_TF_FUSION_THRESHOLD", mb_to_bytes, "...").
-# Empty until the runtime has such a knob: no flags for features that don't exist.
-ENV_FLAGS: tuple[EnvFlag, ...] = ()
+def _mb_to_bytes(text: str) -> str:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"expected a size in MB >= 0, got {text!r}")
+    return str(int(value * 1024 * 1024))
+
+
+def _positive_int(text: str) -> str:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1, got {text!r}")
+    return str(value)
+
+
+def _policy(text: str) -> str:
+    if text not in ("priority", "fifo"):
+        raise ValueError(f"expected 'priority' or 'fifo', got {text!r}")
+    return text
+
+
+def _core_list(text: str) -> str:
+    cores = [c for c in text.split(",") if c]
+    if not cores or not all(c.isdigit() for c in cores):
+        raise ValueError(f"expected a core number or a comma-separated list of them, got {text!r}")
+    return ",".join(cores)
+
+
+def _path(text: str) -> str:
+    if not text:
+        raise ValueError("expected a file path")
+    return text
+
+
+# Flags that only set an environment variable on every rank (the settings of ops/core/settings.cc).
+ENV_FLAGS: tuple[EnvFlag, ...] = (
+    EnvFlag("--fusion-threshold-mb", "MLSL_TF_FUSION_THRESHOLD", _mb_to_bytes,
+            "fuse small allreduces into buffers of up to this many MB (0 = off)"),
+    EnvFlag("--chunk-mb", "MLSL_TF_CHUNK_BYTES", _mb_to_bytes,
+            "cut allreduces into chunks of this many MB; the scheduler re-picks between chunks"),
+    EnvFlag("--inflight", "MLSL_TF_INFLIGHT", _positive_int, "chunks in flight at once"),
+    EnvFlag("--priority", "MLSL_TF_PRIORITY", _policy, "scheduling policy: priority (default) or fifo"),
+    EnvFlag("--comm-core", "MLSL_TF_COMM_CORE", _core_list,
+            "pin each rank's background thread to this core (a list: local rank i gets the (i mod n)-th)"),
+    EnvFlag("--timeline-filename", "MLSL_TF_TIMELINE", _path,
+            "write a Chrome-trace timeline (rank 0; '{rank}' in the name: every rank)"),
+)
 
 
 @dataclasses.dataclass(frozen=True)

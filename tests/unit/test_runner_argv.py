@@ -1,3 +1,4 @@
+import os
 """mlslrun's pure half: command-line parsing and launcher argv building (no MPI)."""
 
 import pytest
@@ -130,8 +131,11 @@ def test_help_text_lists_the_flags():
         assert flag in text
 
 
-def test_env_flag_table_is_empty_until_features_exist():
-    assert A.ENV_FLAGS == ()
+def test_env_flags_name_declared_settings():
+    import re
+    settings = open(os.path.join(os.path.dirname(__file__), "..", "..", "ops", "core", "settings.cc")).read()
+    declared = set(re.findall(r'"(MLSL_TF_[A-Z_]+)"', settings))
+    assert {f.env_var for f in A.ENV_FLAGS} <= declared
 
 
 # ---------------------------------------------------------------- hosts
@@ -397,3 +401,20 @@ def test_no_shell_strings():
     for flavour in ("mpich", "openmpi", "intel", "slurm"):
         argv = A.build_launch_argv(flavour, plan)
         assert argv[-1] == "print('a b; c')" and all(isinstance(a, str) for a in argv)
+
+
+def test_scheduler_flags_become_rank_environment():
+    cfg = A.parse_args(["-np", "2", "--fusion-threshold-mb", "2", "--chunk-mb", "0.5", "--priority", "fifo",
+                        "--comm-core", "0,1", "--timeline-filename", "/tmp/t.json", "--inflight", "3",
+                        "python", "x.py"])
+    env = dict(cfg.flag_env)
+    assert env == {"MLSL_TF_FUSION_THRESHOLD": str(2 << 20), "MLSL_TF_CHUNK_BYTES": str(1 << 19),
+                   "MLSL_TF_PRIORITY": "fifo", "MLSL_TF_COMM_CORE": "0,1", "MLSL_TF_TIMELINE": "/tmp/t.json",
+                   "MLSL_TF_INFLIGHT": "3"}
+
+
+@pytest.mark.parametrize("flag,value", [("--priority", "lifo"), ("--comm-core", "a"), ("--chunk-mb", "-1"),
+                                        ("--inflight", "0")])
+def test_scheduler_flags_reject_bad_values(flag, value):
+    with pytest.raises(ValueError):
+        A.parse_args(["-np", "2", flag, value, "python", "x.py"])
