@@ -12,7 +12,7 @@ PYTHON    ?= $(VENV)/bin/python
 # MPI: the mpicxx next to the interpreter (PyPI's mpich wheel) or any mpicxx on PATH.
 MPICXX    ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpicxx ]; then echo $$d/mpicxx; else echo mpicxx; fi)
 MPIEXEC   ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpiexec ]; then echo $$d/mpiexec; else echo mpiexec; fi)
-CXXSTD    := -std=c++17 -O2 -g -fPIC -pthread -Wall -Wno-deprecated-declarations -Wno-unused-parameter -Wno-sign-compare
+CXXSTD    := -std=c++17 -O2 -g -fPIC -pthread -Wall -Wno-deprecated-declarations -Wno-interference-size -Wno-unused-parameter -Wno-sign-compare
 # pip's isolated build environments hide site-packages: ask the interpreter with a clean env.
 TF_PY      = env -u PYTHONPATH -u PYTHONNOUSERSITE -u PYTHONHOME $(PYTHON)
 TF_CFLAGS  = $(shell $(TF_PY) -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))' 2>/dev/null)
