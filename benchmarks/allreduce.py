@@ -1,0 +1,269 @@
+"""Allreduce latency and bandwidth: mlsl_tf against raw MPI (mpi4py) measured in the same run on
+the same ranks, and Horovod where it can be run. One JSON line per message size, then a summary.
+
+    mpiexec -n 2 python benchmarks/allreduce.py [--sizes 4096,1048576] [--reps 5] [--plot out.png]
+    python benchmarks/allreduce.py --link 2gbit [--np 2]      # launches itself under netlink.py
+    ... --horovod-python /path/to/hvd-venv/bin/python         # Horovod as a separate MPI job
+
+Each repetition times one call of a tf.function holding a chain of K dependent allreduces
+(x = allreduce(x)), so Python and tf.function call overhead is amortised over K; raw MPI runs
+the same K in-place MPI_Allreduce calls. Latency = max-over-ranks time of a repetition / K,
+median over repetitions; algbw = message bytes / latency. Buffers are float32 zeros, so a sum
+chain needs no rescaling op between the collectives.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+
+DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+CHAIN_BYTES = 256 << 20  # K = CHAIN_BYTES / size, clamped to [K_MIN, K_MAX]
+K_MIN, K_MAX = 4, 1000
+BANDWIDTH_FROM, BANDWIDTH_TARGET = 1 << 20, 0.9  # mlsl algbw >= 0.9x MPI's at >= 1 MiB
+LATENCY_AT, LATENCY_TARGET = 4 << 10, 10.0  # mlsl 4 KiB latency <= 10x MPI's
+LAUNCHER_ENV = ("PMI_", "PMIX_", "HYD", "MPI_LOCAL", "OMPI_")  # what a nested mpiexec must not inherit
+
+
+def chain_length(nbytes):
+    return max(K_MIN, min(K_MAX, CHAIN_BYTES // nbytes))
+
+
+def under_mpiexec():
+    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+def mpiexec_next_to(python):
+    cand = os.path.join(os.path.dirname(python), "mpiexec")
+    return cand if os.access(cand, os.X_OK) else shutil.which("mpiexec")
+
+
+class Timer:
+    """One sample: fn() run between a barrier and a max-over-ranks reduction, divided by k."""
+
+    def __init__(self, comm):
+        from mpi4py import MPI
+        self.comm, self.max = comm, MPI.MAX
+
+    def sample(self, fn, k):
+        self.comm.Barrier()
+        t = time.perf_counter()
+        fn()
+        return self.comm.allreduce(time.perf_counter() - t, op=self.max) / k
+
+
+def hvd_chain(hvd, tf, nbytes, k, tag):
+    """A thunk running one tf.function call of k dependent allreduces (checked once for a Sum)."""
+    n = nbytes // 4
+    check = hvd.allreduce(tf.ones([n]), op=hvd.Sum, name=f"{tag}_check_{nbytes}")
+    if float(tf.reduce_min(check)) != hvd.size():
+        raise RuntimeError(f"{tag}: allreduce of ones gave {float(tf.reduce_min(check))}, not {hvd.size()}")
+
+    @tf.function
+    def chain(x):
+        for i in range(k):
+            x = hvd.allreduce(x, op=hvd.Sum, name=f"{tag}_{nbytes}_{i}")
+        return x
+
+    x0 = tf.zeros([n], tf.float32)
+    chain(x0)  # trace, negotiate, warm up
+    return lambda: chain(x0)
+
+
+def mpi_chain(comm, nbytes, k):
+    import numpy as np
+    from mpi4py import MPI
+    buf = np.zeros(nbytes // 4, np.float32)
+    msg = [buf, MPI.FLOAT]
+
+    def run():
+        for _ in range(k):
+            comm.Allreduce(MPI.IN_PLACE, msg, op=MPI.SUM)
+    run()
+    return run
+
+
+def measure(impls, sizes, reps, timer):
+    """{name: {size: median latency (s)}} for thunk factories impls[name](nbytes, k); the
+    implementations alternate within each repetition so they share the machine's noise."""
+    out = {name: {} for name in impls}
+    for nbytes in sizes:
+        k = chain_length(nbytes)
+        thunks = {name: make(nbytes, k) for name, make in impls.items()}
+        samples = {name: [] for name in impls}
+        for _ in range(reps):
+            for name, fn in thunks.items():
+                samples[name].append(timer.sample(fn, k))
+        for name in impls:
+            out[name][nbytes] = statistics.median(samples[name])
+    return out
+
+
+def horovod_inprocess(sizes, reps, timer):
+    import horovod.tensorflow as hvd_hvd
+    import tensorflow as tf
+    hvd_hvd.init()
+    return measure({"horovod": lambda b, k: hvd_chain(hvd_hvd, tf, b, k, "hvd")}, sizes, reps, timer)["horovod"]
+
+
+def horovod_subprocess(python, sizes, reps, nranks):
+    """Runs this file under `python`'s venv (mpiexec next to it) in --impl horovod mode; returns
+    ({size: latency}, note)."""
+    mpiexec = mpiexec_next_to(python) if os.access(python, os.X_OK) else None
+    if not mpiexec:
+        return {}, f"skipped: {python} or an mpiexec next to it is missing"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_ENV)}
+    cmd = [mpiexec, "-n", str(nranks), python, os.path.abspath(__file__), "--impl", "horovod",
+           "--sizes", ",".join(map(str, sizes)), "--reps", str(reps)]
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+    except subprocess.TimeoutExpired:
+        return {}, "failed: the Horovod job timed out"
+    rows = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
+    if proc.returncode != 0 or not rows:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
+        return {}, f"failed (exit {proc.returncode}): {tail[0]}"
+    return {r["size_bytes"]: r["latency_s"] for r in rows}, f"measured with {python}"
+
+
+def wait_quietly(comm):
+    """A barrier that sleeps instead of spinning, so a waiting rank leaves its core to others."""
+    req = comm.Ibarrier()
+    while not req.Test():
+        time.sleep(0.05)
+
+
+def row(nbytes, lat, hvd_lat, hvd_note):
+    def bw(t):
+        return None if t is None else nbytes / t / 1e9
+    m, p, h = lat["mlsl"][nbytes], lat["mpi"][nbytes], hvd_lat.get(nbytes)
+    return {"size_bytes": nbytes, "k": chain_length(nbytes),
+            "mlsl_latency_us": m * 1e6, "mlsl_algbw_GBps": bw(m),
+            "mpi_latency_us": p * 1e6, "mpi_algbw_GBps": bw(p),
+            "algbw_ratio": p / m, "latency_ratio": m / p,
+            "horovod_latency_us": None if h is None else h * 1e6, "horovod_algbw_GBps": bw(h),
+            "horovod_algbw_ratio": None if h is None else p / h, "horovod": hvd_note}
+
+
+def summary(rows, nranks, link, hvd_note):
+    big = [r["algbw_ratio"] for r in rows if r["size_bytes"] >= BANDWIDTH_FROM]
+    small = [r["latency_ratio"] for r in rows if r["size_bytes"] == LATENCY_AT]
+    return {"summary": True, "ranks": nranks, "link": link or "shared memory",
+            "min_algbw_ratio_from_1MiB": min(big) if big else None,
+            "bandwidth_target_met": min(big) >= BANDWIDTH_TARGET if big else None,
+            "latency_ratio_4KiB": small[0] if small else None,
+            "latency_target_met": small[0] <= LATENCY_TARGET if small else None,
+            "targets": f">= {BANDWIDTH_TARGET}x MPI algbw at >= 1 MiB; 4 KiB latency <= {LATENCY_TARGET:g}x MPI",
+            "horovod": hvd_note}
+
+
+def plot(rows, path):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    x = [r["size_bytes"] for r in rows]
+    fig, (ax_lat, ax_bw) = plt.subplots(1, 2, figsize=(11, 4))
+    for key, label in (("mlsl", "mlsl_tf"), ("mpi", "MPI (mpi4py)"), ("horovod", "Horovod")):
+        if rows[0][f"{key}_latency_us"] is None:
+            continue
+        ax_lat.plot(x, [r[f"{key}_latency_us"] for r in rows], "o-", label=label)
+        ax_bw.plot(x, [r[f"{key}_algbw_GBps"] for r in rows], "o-", label=label)
+    for ax, ylabel in ((ax_lat, "latency (us)"), (ax_bw, "algbw (GB/s)")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("message size (bytes, float32)")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    ax_lat.set_yscale("log")
+    fig.suptitle("allreduce, median of repetitions")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def run_ranks(ns):
+    from mpi4py import MPI  # first: MPI_Init_thread(MULTIPLE), which mlsl_tf then reuses
+    comm, timer = MPI.COMM_WORLD, Timer(MPI.COMM_WORLD)
+    if ns.impl == "horovod":  # a child job started by horovod_subprocess
+        lat = horovod_inprocess(ns.sizes, ns.reps, timer)
+        if comm.rank == 0:
+            for nbytes, t in lat.items():
+                print(json.dumps({"size_bytes": nbytes, "latency_s": t}), flush=True)
+        return 0
+    import mlsl_tf as hvd
+    import tensorflow as tf
+    hvd.init()
+    lat = measure({"mlsl": lambda b, k: hvd_chain(hvd, tf, b, k, "mlsl"),
+                   "mpi": lambda b, k: mpi_chain(comm, b, k)}, ns.sizes, ns.reps, timer)
+    hvd_lat, hvd_note = {}, "not importable"
+    try:
+        import horovod.tensorflow  # noqa: F401
+        hvd_lat, hvd_note = horovod_inprocess(ns.sizes, ns.reps, timer), "measured in-process"
+    except ImportError:
+        if ns.horovod_python:
+            hvd.shutdown()  # leave the cores to the Horovod job
+            if comm.rank == 0:
+                hvd_lat, hvd_note = horovod_subprocess(ns.horovod_python, ns.sizes, ns.reps, comm.size)
+            wait_quietly(comm)
+            hvd_note = comm.bcast(hvd_note)
+    if comm.rank == 0:
+        rows = [row(b, lat, hvd_lat, hvd_note) for b in ns.sizes]
+        for r in rows:
+            print(json.dumps(r), flush=True)
+        print(json.dumps(summary(rows, comm.size, ns.link_name, hvd_note)), flush=True)
+        if ns.plot:
+            plot(rows, ns.plot)
+    return 0
+
+
+def launch(ns, argv):
+    """--link/--np: start this file under mpiexec (inside an emulated link for --link)."""
+    if under_mpiexec():
+        sys.exit("--link and --np start their own mpiexec: run this without mpiexec")
+    passed, skip = [], False
+    for a in argv:  # drop the launcher-only options
+        if skip:
+            skip = False
+        elif a in ("--link", "--np"):
+            skip = True
+        elif not a.startswith(("--link=", "--np=")):
+            passed.append(a)
+    cmd = [mpiexec_next_to(sys.executable), "-n", str(ns.np), sys.executable, os.path.abspath(__file__)] + passed
+    if not ns.link:
+        return subprocess.run(cmd).returncode
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import netlink
+    return netlink.run(ns.link, cmd + ["--link-name", ns.link])
+
+
+def parse(argv):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES,
+                   help="comma-separated message sizes in bytes (multiples of 4)")
+    p.add_argument("--reps", type=int, default=5, help="timed repetitions per size (medians are reported)")
+    p.add_argument("--link", help="emulate a cluster link of this tbf rate (e.g. 2gbit); launches mpiexec itself")
+    p.add_argument("--np", type=int, help="ranks to launch (default 2 with --link)")
+    p.add_argument("--plot", help="write a PNG of latency and algbw against size")
+    p.add_argument("--horovod-python", help="interpreter of a venv with Horovod (and mpi4py, mpiexec next to it)")
+    p.add_argument("--impl", choices=["mlsl", "horovod"], default="mlsl", help=argparse.SUPPRESS)
+    p.add_argument("--link-name", help=argparse.SUPPRESS)  # what the launcher emulated, for the summary
+    ns = p.parse_args(argv)
+    if any(s <= 0 or s % 4 for s in ns.sizes):
+        p.error("--sizes must be positive multiples of 4 bytes")
+    return ns
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    ns = parse(argv)
+    if ns.link or ns.np:
+        ns.np = ns.np or 2
+        return launch(ns, argv)
+    return run_ranks(ns)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,267 @@
+"""DistributedOptimizer: any Keras 3 optimizer whose apply() first reduces the gradients over ranks.
+
+Keras 3 optimizers funnel every update through `apply(grads, trainable_variables)` (`apply_gradients`
+and `model.fit`'s train step both call it), so a subclass of the wrapped optimizer's own class that
+overrides `apply` (and `build`, for the accumulators) is the whole hook. The subclass keeps the
+base class's name, module and get_config, so a model saved with it loads anywhere as the plain
+optimizer, and `mlsl_tf.keras.load_model` re-wraps it.
+
+Every gradient is one collective named `{name}.grad.{i}` with priority i, where i is the variable's
+index in the optimizer's (forward-order) variable list: the same on every rank, independent of
+Keras' auto-generated names (a second reduction with the same name traced into the same
+tf.function gets `{name}.1.grad.{i}`, and so on). Inside tf.function each collective runs as soon as backprop has
+produced its gradient; the priority lets the first layer's gradient overtake later ones.
+"""
+
+import weakref
+
+import tensorflow as tf
+
+from mlsl_tf import ops
+from mlsl_tf.compression import Compression
+
+
+_names_per_graph = weakref.WeakKeyDictionary()
+
+
+def _unique_prefix(name):
+    """`name` for the first reduction with that name traced into a tf.function, `name.k` for the
+    k-th after it (two optimizers or tapes stepping in one function). Every rank traces the same
+    code in the same order, so k agrees. Eager reductions run one at a time and keep `name`."""
+    if tf.executing_eagerly():
+        return name
+    graph = tf.compat.v1.get_default_graph()
+    while hasattr(getattr(graph, "outer_graph", None), "outer_graph"):  # cond/while bodies: their function
+        graph = graph.outer_graph
+    counts = _names_per_graph.setdefault(graph, {})
+    k = counts.get(name, 0)
+    counts[name] = k + 1
+    return name if k == 0 else f"{name}.{k}"
+
+
+class ReduceOptions:
+    """The options DistributedOptimizer and DistributedGradientTape share (Horovod's semantics)."""
+
+    def __init__(self, name, compression=Compression.none, sparse_as_dense=False, op=ops.Average,
+                 gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=None,
+                 device_dense="", device_sparse=""):
+        if op not in (ops.Average, ops.Sum):
+            raise ValueError("gradients can be reduced only with mlsl_tf.Average or mlsl_tf.Sum")
+        if gradient_predivide_factor != 1.0 and op != ops.Average:
+            raise ValueError("gradient_predivide_factor requires op=mlsl_tf.Average")
+        if groups is None and num_groups:
+            groups = num_groups
+        if isinstance(groups, int):
+            if groups < 0:
+                raise ValueError(f"groups/num_groups must be >= 0, got {groups}")
+        elif groups is not None and not all(isinstance(g, (list, tuple)) for g in groups):
+            raise ValueError("groups must be an int or a list of lists of variables")
+        self.name = name
+        self.compression = compression
+        self.sparse_as_dense = sparse_as_dense
+        self.op = op
+        self.gradient_predivide_factor = gradient_predivide_factor
+        self.groups = groups
+        self.process_set = process_set
+        self.device_dense = device_dense
+        self.device_sparse = device_sparse
+
+    def _scale_factors(self):
+        # Average divides by the group size inside the core; the predivide factor splits it.
+        if self.op == ops.Average:
+            return 1.0 / self.gradient_predivide_factor, self.gradient_predivide_factor
+        return 1.0, 1.0
+
+    def _group_positions(self, grads, indices, index_of):
+        """Lists of positions in `grads` to reduce together. `groups` as an int splits the
+        non-None gradients, in order, into that many contiguous groups; as lists of variables,
+        `index_of(variable)` maps each to its index."""
+        present = [p for p, g in enumerate(grads) if g is not None]
+        if not self.groups:
+            return []
+        if isinstance(self.groups, int):
+            n = min(self.groups, len(present))
+            if n == 0:
+                return []
+            return [present[len(present) * j // n:len(present) * (j + 1) // n] for j in range(n)]
+        where = {i: p for p, i in enumerate(indices)}
+        out = []
+        for group in self.groups:
+            members = [where.get(index_of(v)) for v in group]
+            out.append([p for p in members if p is not None and grads[p] is not None])
+        return out
+
+    def reduce(self, grads, indices, index_of=None):
+        """Returns the reduced `grads` (None stays None). indices[p] is gradient p's variable
+        index: its priority and its name. Dense gradients are allreduced, IndexedSlices
+        allgathered (or densified with sparse_as_dense), grouped ones fused per group."""
+        prescale, postscale = self._scale_factors()
+        prefix = _unique_prefix(self.name)
+        out = list(grads)
+        grouped = set()
+        for j, members in enumerate(self._group_positions(grads, indices, index_of)):
+            if not members:
+                continue
+            reduced = ops.grouped_allreduce(
+                [tf.convert_to_tensor(grads[p]) for p in members], op=self.op, compression=self.compression,
+                prescale_factor=prescale, postscale_factor=postscale, name=f"{prefix}.group.{j}",
+                ignore_name_scope=True, process_set=self.process_set, priority=min(indices[p] for p in members))
+            for p, r in zip(members, reduced):
+                out[p] = r
+                grouped.add(p)
+        for p, g in enumerate(grads):
+            if g is None or p in grouped:
+                continue
+            if isinstance(g, tf.IndexedSlices) and self.sparse_as_dense:
+                g = tf.convert_to_tensor(g)
+            out[p] = ops.allreduce(g, op=self.op, compression=self.compression, prescale_factor=prescale,
+                                   postscale_factor=postscale, name=f"{prefix}.grad.{indices[p]}",
+                                   ignore_name_scope=True, process_set=self.process_set, priority=indices[p],
+                                   device_dense=self.device_dense, device_sparse=self.device_sparse)
+        return out
+
+
+class _DistributedOptimizer:
+    """Mixed in before the wrapped optimizer's class by DistributedOptimizer. Class attributes
+    (set on each generated class): _mlsl_options, _mlsl_passes, _mlsl_average_aggregated."""
+
+    _mlsl_options = None
+    _mlsl_passes = 1
+    _mlsl_average_aggregated = False
+
+    def build(self, variables):
+        super().build(variables)
+        self._mlsl_make_accumulators()
+
+    def _mlsl_make_accumulators(self):
+        """With backward_passes_per_step > 1: one accumulator per variable and a pass counter.
+        Deliberately untracked: they are not optimizer state, so saved files stay loadable by
+        the plain optimizer."""
+        if self._mlsl_passes <= 1 or getattr(self, "_mlsl_accumulators", None) is not None:
+            return
+        with tf.init_scope():
+            accumulators = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="mlsl_grad_accumulator")
+                            for v in self._trainable_variables]
+            counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="mlsl_backward_passes")
+        object.__setattr__(self, "_mlsl_accumulators", accumulators)
+        object.__setattr__(self, "_mlsl_counter", counter)
+
+    def _mlsl_index_of(self, variable):
+        return self._get_variable_index(variable)
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if not grads:
+            return super().apply(grads, trainable_variables)
+        if trainable_variables is None:
+            if not self.built:
+                raise ValueError("When passing `grads` without `variables`, the optimizer must already be built")
+            variables = list(self._trainable_variables)
+        else:
+            variables = list(trainable_variables)
+            if not self.built:
+                import keras
+                with keras.name_scope(self.name, caller=self):
+                    self.build(variables)
+            self._check_variables_are_known(variables)
+        if len(grads) != len(variables):
+            raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
+        indices = [self._get_variable_index(v) for v in variables]
+        if self._mlsl_passes <= 1:
+            reduced = self._mlsl_options.reduce(grads, indices, self._mlsl_index_of)
+            return super().apply(reduced, variables)
+        return self._mlsl_accumulate_and_apply(grads, variables, indices, super().apply)
+
+    def _mlsl_accumulate_and_apply(self, grads, variables, indices, parent_apply):
+        """Adds this pass's local gradients to the accumulators; every k-th pass reduces the
+        sum (or mean, with average_aggregated_gradients), applies it and clears them. All ranks
+        count passes alike, so all take the same branch."""
+        self._mlsl_make_accumulators()
+        k = self._mlsl_passes
+        accumulators = [self._mlsl_accumulators[i] for i in indices]
+        for g, acc in zip(grads, accumulators):
+            if g is not None:
+                acc.assign_add(tf.cast(tf.convert_to_tensor(g), acc.dtype))
+        passes = self._mlsl_counter.assign_add(1)
+
+        def reduce_and_apply():
+            local = [None if g is None else acc.read_value() for g, acc in zip(grads, accumulators)]
+            if self._mlsl_average_aggregated:
+                local = [None if a is None else a / tf.cast(k, a.dtype) for a in local]
+            parent_apply(self._mlsl_options.reduce(local, indices, self._mlsl_index_of), variables)
+            for g, acc in zip(grads, accumulators):
+                if g is not None:
+                    acc.assign(tf.zeros_like(acc))
+            return tf.constant(True)
+
+        return tf.cond(tf.equal(passes % k, 0), reduce_and_apply, lambda: tf.constant(False))
+
+
+def is_distributed(optimizer):
+    """Whether `optimizer` was made by DistributedOptimizer (or re-wrapped by load_model)."""
+    return isinstance(optimizer, _DistributedOptimizer)
+
+
+def _base_class(optimizer):
+    cls = type(optimizer)
+    while issubclass(cls, _DistributedOptimizer):
+        cls = next(b for b in cls.__mro__[1:] if not issubclass(b, _DistributedOptimizer))
+    return cls
+
+
+def _distributed_class(base, options, backward_passes_per_step, average_aggregated_gradients):
+    """A subclass of `base` with the reducing apply(), named and placed like `base` so that
+    Keras serializes it as `base`."""
+    return type(base.__name__, (_DistributedOptimizer, base), {
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+        "__doc__": base.__doc__,
+        "_mlsl_options": options,
+        "_mlsl_passes": int(backward_passes_per_step),
+        "_mlsl_average_aggregated": bool(average_aggregated_gradients),
+    })
+
+
+def _copy_state(source, target):
+    """Builds `target` on `source`'s variables and copies the optimizer state across."""
+    target.build(list(source._trainable_variables))
+    if len(source.variables) != len(target.variables):
+        raise ValueError("DistributedOptimizer: could not copy the state of the already-built optimizer")
+    for src, dst in zip(source.variables, target.variables):
+        dst.assign(src)
+
+
+def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                         sparse_as_dense=False, backward_passes_per_step=1, op=ops.Average,
+                         gradient_predivide_factor=1.0, average_aggregated_gradients=False, num_groups=0,
+                         groups=None, process_set=None, group=None, _in_place=False):
+    """Returns a copy of the Keras 3 `optimizer` (same class, config and, if built, state) whose
+    `apply`/`apply_gradients` first reduce the gradients over all ranks.
+
+    name: prefix of the collectives' names (default "DistributedOptimizer").
+    compression: Compression.none or .fp16, applied around each allreduce.
+    sparse_as_dense: allreduce IndexedSlices gradients as dense tensors instead of allgathering.
+    backward_passes_per_step: k > 1 accumulates k local gradients, then reduces and applies their
+        sum (their mean with average_aggregated_gradients=True) once.
+    op: mlsl_tf.Average (default) or mlsl_tf.Sum.
+    gradient_predivide_factor: f divides gradients by f before the sum and by size/f after (Average).
+    num_groups / groups: an int n fuses the gradients into n grouped allreduces; a list of lists
+        of variables fuses each list's gradients into one.
+    process_set (or its alias group): reduce within this group of ranks only.
+    device_dense / device_sparse: accepted for Horovod compatibility (mlsl_tf reduces on the host).
+    """
+    if backward_passes_per_step < 1:
+        raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    options = ReduceOptions(name or "DistributedOptimizer", compression, sparse_as_dense, op,
+                            gradient_predivide_factor, num_groups, groups, process_set if group is None else group,
+                            device_dense, device_sparse)
+    cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients)
+    if _in_place:
+        optimizer.__class__ = cls
+        if optimizer.built:
+            optimizer._mlsl_make_accumulators()
+        return optimizer
+    wrapped = cls.from_config(optimizer.get_config())
+    if optimizer.built:
+        _copy_state(optimizer, wrapped)
+    return wrapped

@@ -1,0 +1,68 @@
+"""DistributedGradientTape: a tf.GradientTape whose gradient() returns gradients reduced over ranks."""
+
+import functools
+
+import tensorflow as tf
+
+from mlsl_tf import ops
+from mlsl_tf.compression import Compression
+from mlsl_tf.optimizer import ReduceOptions
+
+
+class _DistributedGradientTape:
+    """Mixed in before the wrapped tape's class; `_mlsl_options` is set per instance."""
+
+    def gradient(self, target, sources, output_gradients=None,
+                 unconnected_gradients=tf.UnconnectedGradients.NONE):
+        grads = super().gradient(target, sources, output_gradients=output_gradients,
+                                 unconnected_gradients=unconnected_gradients)
+        flat_sources = tf.nest.flatten(sources)
+        flat_grads = tf.nest.flatten(grads, expand_composites=False)
+        position = {}
+        for p, s in enumerate(flat_sources):
+            position.setdefault(_key(s), p)
+        reduced = self._mlsl_options.reduce(flat_grads, list(range(len(flat_grads))),
+                                            lambda v: position.get(_key(v), -1))
+        return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
+
+
+@functools.lru_cache(maxsize=None)
+def _distributed_class(base):
+    return type(base.__name__, (_DistributedGradientTape, base), {"__module__": base.__module__})
+
+
+def _key(x):
+    """Identity of a source: a variable by its ref, a tensor by itself."""
+    try:
+        return x.ref()
+    except (AttributeError, TypeError):
+        return id(x)
+
+
+def DistributedGradientTape(tape, device_dense="", device_sparse="", compression=Compression.none,
+                            sparse_as_dense=False, op=ops.Average, gradient_predivide_factor=1.0, num_groups=0,
+                            groups=None, process_set=None, group=None, name=None):
+    """Returns `tape` (a tf.GradientTape, recorded or not yet entered) as a tape of the same class
+    whose `gradient(target, sources)` reduces each gradient over all ranks; source i's gradient
+    gets priority i, so list the sources in forward order (model.trainable_variables does).
+
+    Options as for DistributedOptimizer (`group` is an alias of `process_set`); `name` prefixes
+    the collectives' names (default "DistributedGradientTape").
+    Use it like Horovod's:
+
+        with tf.GradientTape() as tape:
+            loss = ...
+        tape = hvd.DistributedGradientTape(tape)
+        grads = tape.gradient(loss, model.trainable_variables)
+    """
+    options = ReduceOptions(name or "DistributedGradientTape", compression, sparse_as_dense, op,
+                            gradient_predivide_factor, num_groups, groups, process_set if group is None else group,
+                            device_dense, device_sparse)
+    base = type(tape)
+    if issubclass(base, _DistributedGradientTape):
+        base = next(b for b in base.__mro__[1:] if not issubclass(b, _DistributedGradientTape))
+    cls = _distributed_class(base)
+    wrapped = cls.__new__(cls)
+    wrapped.__dict__.update(tape.__dict__)
+    wrapped._mlsl_options = options
+    return wrapped
