@@ -74,7 +74,7 @@ test: venv core-tests lib test-unit test-mpi
 	@echo "all test suites passed"
 
 example: venv lib
-	$(PYTHON) -m mlsl_tf.runner -np 2 $(PYTHON) examples/keras_digits.py
+	PYTHONPATH=$(CURDIR) $(PYTHON) -m mlsl_tf.runner -np 2 $(PYTHON) examples/keras_digits.py
 
 clean:
 	rm -rf build $(LIB)
