@@ -27,7 +27,7 @@ def _normalize_name(name):
     return re.sub("[^a-zA-Z0-9_]", "_", name)
 
 
-def _tensor_name(name, prefix, tensor, ignore_name_scope=False):
+def _tensor_name(name, prefix, ignore_name_scope=False):
     """The collective's cross-rank name. Eager: the given name, or "" (the kernel then uses its
     op name; eager ops run one at a time). Graph: the given name inside the current name scope,
     or the node name the op is about to get, qualified by the graph's name."""
@@ -68,7 +68,7 @@ def _allreduce(tensor, op=Sum, prescale_factor=1.0, postscale_factor=1.0, name=N
     """The raw op: no compression, no IndexedSlices handling."""
     return _ops().mlsl_allreduce(
         tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        tensor_name=_tensor_name(name, "MlslAllreduce", tensor, ignore_name_scope),
+        tensor_name=_tensor_name(name, "MlslAllreduce", ignore_name_scope),
         priority=priority, process_set_id=_group_id(process_set))
 
 
@@ -114,7 +114,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         base = None if name is None else (name if len(by_dtype) == 1 else f"{name}.{dtype.name}")
         out = _ops().mlsl_grouped_allreduce(
             group, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-            tensor_name=_tensor_name(base, "MlslGroupedAllreduce", group[0], ignore_name_scope),
+            tensor_name=_tensor_name(base, "MlslGroupedAllreduce", ignore_name_scope),
             priority=priority, process_set_id=_group_id(process_set))
         for i, o in zip(idx, out):
             results[i] = compression.decompress(o, compressed[i][1])
@@ -124,7 +124,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
 def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, priority=0):
     """Concatenates every rank's tensor along the first dimension (which may differ per rank)."""
     tensor = tf.convert_to_tensor(tensor)
-    return _ops().mlsl_allgather(tensor, tensor_name=_tensor_name(name, "MlslAllgather", tensor, ignore_name_scope),
+    return _ops().mlsl_allgather(tensor, tensor_name=_tensor_name(name, "MlslAllgather", ignore_name_scope),
                                  priority=priority, process_set_id=_group_id(process_set))
 
 
@@ -132,7 +132,7 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     """Every rank receives root_rank's tensor."""
     tensor = tf.convert_to_tensor(tensor)
     return _ops().mlsl_broadcast(tensor, root_rank=root_rank,
-                                 tensor_name=_tensor_name(name, "MlslBroadcast", tensor, ignore_name_scope),
+                                 tensor_name=_tensor_name(name, "MlslBroadcast", ignore_name_scope),
                                  priority=priority, process_set_id=_group_id(process_set))
 
 
@@ -141,8 +141,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     Returns (received tensor, received_splits)."""
     tensor = tf.convert_to_tensor(tensor)
     splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    return _ops().mlsl_alltoall(tensor, splits, tensor_name=_tensor_name(name, "MlslAlltoall", tensor,
-                                                                         ignore_name_scope),
+    return _ops().mlsl_alltoall(tensor, splits, tensor_name=_tensor_name(name, "MlslAlltoall", ignore_name_scope),
                                 priority=priority, process_set_id=_group_id(process_set))
 
 
@@ -154,7 +153,7 @@ def reducescatter(tensor, op=Average, name=None, process_set=None, ignore_name_s
     tensor = tf.convert_to_tensor(tensor)
     return _ops().mlsl_reducescatter(
         tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        tensor_name=_tensor_name(name, "MlslReducescatter", tensor, ignore_name_scope),
+        tensor_name=_tensor_name(name, "MlslReducescatter", ignore_name_scope),
         priority=priority, process_set_id=_group_id(process_set))
 
 

@@ -6,16 +6,17 @@
 
 namespace mlsl {
 
-Status Wait(PendingOp* op) {
+Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();
   for (int spins = 0;; ++spins) {
     bool done = false;
     Status s = op->Test(&done);
     if (!s.ok() || done) return s;
+    bool busy = between_tests && between_tests();
     if (spins < 64) continue;
     auto waited = Clock::now() - start;
-    if (waited < std::chrono::microseconds(200)) {
+    if (busy || waited < std::chrono::microseconds(200)) {
       std::this_thread::yield();
     } else if (waited < std::chrono::milliseconds(5)) {
       std::this_thread::sleep_for(std::chrono::microseconds(20));

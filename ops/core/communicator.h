@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -51,8 +52,9 @@ class Communicator {
 };
 
 // Drives op to completion, spinning briefly and then sleeping in short steps so a waiting
-// rank does not burn its core.
-Status Wait(PendingOp* op);
+// rank does not burn its core. `between_tests`, when given, runs after every unsuccessful
+// test and returns true while other work is in flight (then the wait only yields, never sleeps).
+Status Wait(PendingOp* op, const std::function<bool()>& between_tests = nullptr);
 
 // The combining rule of Communicator::Control, for implementations: inout = inout (op) in.
 void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count);

@@ -133,7 +133,7 @@ Status Executor::Reducescatter(const RequestMeta& m, Request* r) {
   const Shape& shape = m.shapes[0];
   const int64_t row = m.RowElements(0), total = NumElements(shape);
   std::vector<int64_t> counts(n);
-  for (int i = 0; i < n; ++i) counts[i] = (shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row;
+  for (int i = 0; i < n; ++i) counts[i] = (shape[0] / n + (i < shape[0] % n ? 1 : 0)) * row;  // elements
   // The input is copied so prescaling never writes into the caller's tensor.
   staging_.resize(total * esize);
   if (r) {
@@ -146,8 +146,7 @@ Status Executor::Reducescatter(const RequestMeta& m, Request* r) {
   void* out;
   if (r) {
     Shape out_shape = shape;
-    out_shape[0] = counts[me] / (row ? row : 1);
-    if (row == 0) out_shape[0] = shape[0] / n + (me < shape[0] % n ? 1 : 0);
+    out_shape[0] = shape[0] / n + (me < shape[0] % n ? 1 : 0);
     Status s = Alloc(r, 0, out_shape, &out);
     if (!s.ok()) return s;
   } else {

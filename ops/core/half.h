@@ -1,5 +1,5 @@
 // Scalar float16 / bfloat16 <-> float32 conversions (round-to-nearest-even, NaN and Inf kept).
-// Used by the reduction kernels for 16-bit types; the vectorised bf16 wire codec builds on them.
+// Used by the reduction kernels for 16-bit types.
 #pragma once
 
 #include <cstdint>

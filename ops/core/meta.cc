@@ -159,8 +159,7 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out) {
   return r.AtEnd();
 }
 
-std::string ValidateLocally(const Request& r, int rank, int size) {
-  (void)rank;
+std::string ValidateLocally(const Request& r, int size) {
   if (r.name.empty()) return "the collective has an empty name";
   if (r.op == OpType::kAllreduce || r.op == OpType::kReducescatter) {
     Status s = CheckReducible(r.dtype, r.reduce_op);

@@ -27,8 +27,8 @@ struct RequestMeta {
   bool operator!=(const RequestMeta& o) const { return !(*this == o); }
   // Names the first field in which `other` differs, e.g. "shape [2] vs [3]"; "" when equal.
   std::string Difference(const RequestMeta& other) const;
-  // Bytes this rank's elements of tensor i take in the wire format (first dim included).
-  int64_t RowElements(size_t i) const;  // elements in one row (product of dims after the first)
+  // Elements in one row of tensor i: the product of the dimensions after the first.
+  int64_t RowElements(size_t i) const;
 };
 
 // Appends/reads a list of metas to/from a byte buffer (same layout on every rank).
@@ -37,6 +37,6 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out);
 
 // Checks a request's own input (shapes, splits, reduce op vs dtype, root range); returns the
 // message, or "" when valid.
-std::string ValidateLocally(const Request& r, int rank, int size);
+std::string ValidateLocally(const Request& r, int size);
 
 }  // namespace mlsl

@@ -13,7 +13,6 @@ namespace mlsl {
 namespace {
 
 std::once_flag g_finalize_once;
-bool g_we_initialised = false;
 int g_thread_level = MPI_THREAD_SINGLE;
 
 void FinalizeAtExit() {
@@ -233,7 +232,6 @@ Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
   if (!initialised) {
     int rc = MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &g_thread_level);
     if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Init_thread", rc));
-    g_we_initialised = true;
     std::call_once(g_finalize_once, [] { std::atexit(FinalizeAtExit); });
   } else {
     MPI_Query_thread(&g_thread_level);

@@ -166,7 +166,7 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
   Local local;
   local.submitted = std::chrono::steady_clock::now();
   local.meta = RequestMeta::From(*r);
-  local.meta.local_error = ValidateLocally(*r, rank_, size_);
+  local.meta.local_error = ValidateLocally(*r, size_);
   auto cached = cached_ids_.find(r->name);
   if (cached != cached_ids_.end() && local.meta.local_error.empty() && coordinator_.meta(cached->second) == local.meta) {
     local.state = Local::kReady;
@@ -196,18 +196,19 @@ bool Runtime::Cycle(bool* progress) {
   const int64_t done_at = ready_at + Words(num_ids);
   std::vector<uint64_t> bits(done_at + 1, ~uint64_t(0));
   bits[0] = uint64_t(done_at - 1);
-  bool announcing = false;
-  for (auto& [name, l] : pending_) announcing = announcing || l.state == Local::kToAnnounce;
-  if (announcing) bits[flags_at] &= ~kNobodyAnnounces;
-  if (join_) ClearBit(bits, joined_at, rank_);
+  if (join_) ClearBit(bits, joined_at, rank_);  // a joined rank is ready for everything
   if (stopping) ClearBit(bits, shut_at, rank_);
-  if (!join_) {
-    std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
-    for (auto& [name, l] : pending_) if (l.state == Local::kReady) SetBit(bits, ready_at, l.id);
+  if (!join_) std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
+  for (auto& [name, l] : pending_) {
+    if (l.state == Local::kToAnnounce) bits[flags_at] &= ~kNobodyAnnounces;
+    if (l.state == Local::kReady && !join_) SetBit(bits, ready_at, l.id);
   }
   bits[done_at] = scheduler_.completed_prefix();
   auto op = comm_->Control(bits.data(), int64_t(bits.size()));
-  Status s = WaitProgressing(op.get());
+  Status s = Wait(op.get(), [this] {
+    scheduler_.Progress();  // chunks in flight keep moving while the control message travels
+    return !scheduler_.idle();
+  });
   if (!s.ok()) {
     Close("mlsl_tf: the background cycle failed: " + s.message());
     return false;
@@ -275,26 +276,6 @@ bool Runtime::Cycle(bool* progress) {
   *progress = *progress || scheduler_.started() != started_before ||
               scheduler_.completed_prefix() != completed_before;
   return true;
-}
-
-Status Runtime::WaitProgressing(PendingOp* op) {
-  using Clock = std::chrono::steady_clock;
-  auto start = Clock::now();
-  for (int spins = 0;; ++spins) {
-    bool done = false;
-    Status s = op->Test(&done);
-    if (!s.ok() || done) return s;
-    scheduler_.Progress();
-    if (spins < 64) continue;
-    auto waited = Clock::now() - start;
-    if (waited < std::chrono::microseconds(200) || !scheduler_.idle()) {
-      std::this_thread::yield();
-    } else if (waited < std::chrono::milliseconds(5)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-  }
 }
 
 bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed) {

@@ -72,8 +72,6 @@ class Runtime {
   bool Cycle(bool* progress);
   void Intake(std::unique_ptr<Request> r);
   bool Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
-  // Waits for a control operation while driving the chunks in flight.
-  Status WaitProgressing(PendingOp* op);
   void PinToCommCore();
   void Finish(const std::string& name, const Status& s);
   void FinishJoin(int last_rank);

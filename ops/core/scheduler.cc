@@ -271,13 +271,8 @@ void Scheduler::Finalize(Work* w) {
     p.finish(w->status);
   }
   if (last_started_ == w) last_started_ = nullptr;
-  auto it = std::find_if(active_.begin(), active_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; });
-  if (it != active_.end()) {
-    active_.erase(it);
-  } else {
-    auto q = std::find_if(queue_.begin(), queue_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; });
-    if (q != queue_.end()) queue_.erase(q);
-  }
+  // Only fully started works finish, and those have moved to active_.
+  active_.erase(std::find_if(active_.begin(), active_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; }));
 }
 
 void Scheduler::FailAll(const Status& status) {

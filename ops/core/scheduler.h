@@ -29,11 +29,13 @@
 
 namespace mlsl {
 
+// Filled from MLSL_TF_CHUNK_BYTES, MLSL_TF_INFLIGHT, MLSL_TF_FUSION_THRESHOLD, MLSL_TF_PRIORITY
+// (settings.cc holds the defaults).
 struct SchedulerOptions {
-  int64_t chunk_bytes = 1 << 20;
-  int inflight = 2;
-  int64_t fusion_threshold = 4 << 20;  // 0 = no fusion
-  bool fifo = false;
+  int64_t chunk_bytes;
+  int inflight;
+  int64_t fusion_threshold;  // 0 = no fusion
+  bool fifo;
 };
 
 class Scheduler {
