@@ -16,7 +16,12 @@ On every rank it:
     group (so a launcher signalling this process group does not signal it twice)
     and dies with this wrapper (PR_SET_PDEATHSIG) if the wrapper is killed;
   * when the command fails, prints one line naming rank, host and pid and exits
-    non-zero (the command's code, or 128 + signal number).
+    non-zero (the command's code, or 128 + signal number);
+  * with MLSL_TF_COMM_CORE set (mlslrun --comm-core), starts the command with a CPU
+    affinity that leaves out the communication cores, so TensorFlow's thread pools (sized
+    from the affinity mask, inherited by every thread) stay off them.  mlsl_tf's background
+    thread still pins itself to its core: Linux affinity is per thread and may name any
+    core of the cgroup's cpuset, whatever mask the thread inherited.
 """
 
 import argparse
@@ -33,6 +38,9 @@ import time
 from typing import BinaryIO, Callable, Mapping, Optional, Sequence
 
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK")
+# MPICH/Intel MPI hydra, Open MPI, SLURM: this process's rank among the ranks of its host.
+LOCAL_RANK_ENV_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
+COMM_CORE_ENV = "MLSL_TF_COMM_CORE"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
 _TEE_JOIN_S = 10.0  # how long to wait for output still buffered after the command exits
@@ -101,6 +109,75 @@ def find_rank(environ: Mapping[str, str]) -> int:
                      f"{', '.join(RANK_ENV_VARS)} is set (run it under mlslrun)")
 
 
+def find_local_rank(environ: Mapping[str, str]) -> Optional[int]:
+    """This process's rank on its host from the first of LOCAL_RANK_ENV_VARS that is set, or
+    None.  Raises ValueError when the value is not an integer."""
+    for name in LOCAL_RANK_ENV_VARS:
+        if name in environ:
+            try:
+                return int(environ[name])
+            except ValueError:
+                raise ValueError(f"{name}={environ[name]!r} is not a local rank number") from None
+    return None
+
+
+def parse_core_list(spec: str) -> list[int]:
+    """[3] for "3", [2, 3] for "2,3"; raises ValueError naming the bad entry."""
+    cores = []
+    for item in spec.split(","):
+        item = item.strip()
+        if not item.isdigit():
+            raise ValueError(f"{COMM_CORE_ENV}={spec!r}: {item!r} is not a core number")
+        cores.append(int(item))
+    return cores
+
+
+def comm_core_for(cores: Sequence[int], local_rank: int) -> int:
+    """The core of local rank ``local_rank``: the (local_rank mod n)-th entry, the rule the
+    core's runtime applies when it pins its background thread (ops/core/runtime.cc)."""
+    return cores[local_rank % len(cores)]
+
+
+def worker_cpus(allowed: set[int], cores: Sequence[int], mine: int) -> tuple[Optional[set[int]], Optional[str]]:
+    """(CPUs for the command, None) or (None, why the affinity is left alone).
+
+    Leaves out every listed communication core it can (other local ranks' background threads
+    run there too), else only this rank's; never leaves the command without a core."""
+    if mine not in allowed:
+        return None, (f"comm core {mine} is not among this rank's cores {_cpu_list(allowed)}; "
+                      "the affinity is left as it is")
+    rest = allowed - set(cores)
+    if not rest:
+        rest = allowed - {mine}
+    if not rest:
+        return None, (f"only core {mine} is available, which is also the comm core; "
+                      "TensorFlow's threads will share it with the background thread")
+    return rest, None
+
+
+def _cpu_list(cpus: set[int]) -> str:
+    return ",".join(str(c) for c in sorted(cpus))
+
+
+def affinity_plan(environ: Mapping[str, str], allowed: set[int]) -> tuple[Optional[set[int]], Optional[str]]:
+    """What to do for MLSL_TF_COMM_CORE in ``environ``: (CPUs for the command or None, a
+    warning or None).  No setting: (None, None)."""
+    spec = environ.get(COMM_CORE_ENV, "")
+    if not spec:
+        return None, None
+    try:
+        cores = parse_core_list(spec)
+        local_rank = find_local_rank(environ)
+    except ValueError as e:
+        return None, f"{e}; the affinity is left as it is"
+    if not allowed:
+        return None, "this platform does not report a CPU affinity; the affinity is left as it is"
+    if local_rank is None:
+        return None, (f"{COMM_CORE_ENV} is set but none of {', '.join(LOCAL_RANK_ENV_VARS)} is, so this "
+                      "rank's comm core is unknown; the affinity is left as it is")
+    return worker_cpus(allowed, cores, comm_core_for(cores, local_rank))
+
+
 def rank_dir_name(rank: int, num_proc: Optional[int]) -> str:
     """``rank.R`` with R zero-padded to the digits of num_proc - 1 (horovodrun's layout)."""
     width = len(str(num_proc - 1)) if num_proc and num_proc > 1 else 1
@@ -135,6 +212,13 @@ def _warn(message: str) -> None:
     print(f"mlslrun task: {message}", file=sys.stderr, flush=True)
 
 
+def _allowed_cpus() -> set[int]:
+    try:
+        return set(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux: no affinity to restrict
+        return set()
+
+
 def _write_start_marker(status_dir: str, rank: int, host: str) -> None:
     try:
         os.makedirs(status_dir, exist_ok=True)
@@ -152,22 +236,28 @@ def _write_status(status_dir: str, status: RankStatus) -> None:
         _warn(f"cannot write the status file in {status_dir}: {e}")
 
 
-def _die_with_parent_fn() -> Optional[Callable[[], None]]:
-    """A preexec_fn that makes the child get SIGKILL when the wrapper dies.
+def _preexec_fn(cpus: Optional[set[int]] = None) -> Optional[Callable[[], None]]:
+    """A preexec_fn that makes the child get SIGKILL when the wrapper dies and, with
+    ``cpus``, restricts it to those CPUs before it execs.
 
-    Linux only (prctl PR_SET_PDEATHSIG); None where prctl is unavailable.
-    Looked up before fork so the child only makes the call.
+    The death signal is Linux only (prctl PR_SET_PDEATHSIG), skipped where prctl is
+    unavailable.  Looked up before fork so the child only makes the calls.
     """
     try:
         prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
+        prctl = None
+    if prctl is None and cpus is None:
         return None
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:  # the wrapper died before prctl took effect
-            os.kill(os.getpid(), signal.SIGKILL)
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+            if os.getppid() != parent:  # the wrapper died before prctl took effect
+                os.kill(os.getpid(), signal.SIGKILL)
+        if cpus is not None:
+            os.sched_setaffinity(0, cpus)
 
     return preexec
 
@@ -192,7 +282,7 @@ def _tee(src_fd: int, file: BinaryIO, console: BinaryIO) -> None:
 class _Child:
     """The user's command as a child process, its output copiers and signal forwarding."""
 
-    def __init__(self, command: Sequence[str], output_dir: Optional[str]):
+    def __init__(self, command: Sequence[str], output_dir: Optional[str], cpus: Optional[set[int]] = None):
         self.forwarded: Optional[int] = None
         self._threads: list[threading.Thread] = []
         self._files: list[BinaryIO] = []
@@ -201,7 +291,7 @@ class _Child:
         # is an inherited descriptor the command's MPI_Init must still find.
         self.proc = subprocess.Popen(list(command), stdout=pipe, stderr=pipe,
                                      close_fds=False, process_group=0,
-                                     preexec_fn=_die_with_parent_fn())
+                                     preexec_fn=_preexec_fn(cpus))
         if output_dir is not None:
             for name, stream, console in (("stdout", self.proc.stdout, sys.stdout.buffer),
                                           ("stderr", self.proc.stderr, sys.stderr.buffer)):
@@ -266,8 +356,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.makedirs(output_dir, exist_ok=True)
     if ns.status_dir is not None:
         _write_start_marker(ns.status_dir, rank, host)
+    cpus, warning = affinity_plan(os.environ, _allowed_cpus())
+    if warning:
+        _warn(f"rank {rank}: {warning}")
     try:
-        child = _Child(ns.command, output_dir)
+        child = _Child(ns.command, output_dir, cpus)
     except OSError as e:
         print(f"mlslrun: rank {rank} (host {host}) could not start {ns.command[0]!r}: {e}",
               file=sys.stderr, flush=True)

@@ -1,0 +1,131 @@
+"""mlslrun --comm-core: task.py keeps the command's threads off the communication core(s),
+while mlsl_tf's background thread still pins itself there."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlsl_tf.runner import task
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+ALLOWED = set(os.sched_getaffinity(0))
+
+
+def test_parse_core_list():
+    assert task.parse_core_list("3") == [3]
+    assert task.parse_core_list("2,3") == [2, 3]
+    with pytest.raises(ValueError, match="'x' is not a core number"):
+        task.parse_core_list("2,x")
+    with pytest.raises(ValueError, match="MLSL_TF_COMM_CORE='1,,2'"):
+        task.parse_core_list("1,,2")
+
+
+def test_comm_core_for_follows_local_rank_mod_n():
+    assert [task.comm_core_for([2, 3], r) for r in range(4)] == [2, 3, 2, 3]
+    assert task.comm_core_for([5], 7) == 5
+
+
+def test_find_local_rank():
+    assert task.find_local_rank({"MPI_LOCALRANKID": "1"}) == 1
+    assert task.find_local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}) == 2
+    assert task.find_local_rank({"SLURM_LOCALID": "3"}) == 3
+    assert task.find_local_rank({"PMI_RANK": "4"}) is None
+    with pytest.raises(ValueError, match="MPI_LOCALRANKID='a'"):
+        task.find_local_rank({"MPI_LOCALRANKID": "a"})
+
+
+def test_worker_cpus_leaves_out_every_listed_core_it_can():
+    assert task.worker_cpus({0, 1, 2, 3}, [3], 3) == ({0, 1, 2}, None)
+    assert task.worker_cpus({0, 1, 2, 3}, [2, 3], 2) == ({0, 1}, None)
+    # every allowed core is some rank's comm core: leave out only this rank's
+    assert task.worker_cpus({0, 1}, [0, 1], 1) == ({0}, None)
+
+
+def test_worker_cpus_never_leaves_the_command_without_a_core():
+    cpus, why = task.worker_cpus({1}, [1], 1)
+    assert cpus is None and "only core 1 is available" in why
+    cpus, why = task.worker_cpus({0, 1}, [5], 5)
+    assert cpus is None and "comm core 5 is not among this rank's cores 0,1" in why
+
+
+def test_affinity_plan():
+    assert task.affinity_plan({}, {0, 1}) == (None, None)
+    assert task.affinity_plan({"MLSL_TF_COMM_CORE": "1", "MPI_LOCALRANKID": "0"}, {0, 1, 2}) == ({0, 2}, None)
+    assert task.affinity_plan({"MLSL_TF_COMM_CORE": "1,2", "MPI_LOCALRANKID": "1"}, {0, 1, 2}) == ({0}, None)
+    cpus, why = task.affinity_plan({"MLSL_TF_COMM_CORE": "1"}, {0, 1})
+    assert cpus is None and "MPI_LOCALRANKID" in why
+    cpus, why = task.affinity_plan({"MLSL_TF_COMM_CORE": "one", "MPI_LOCALRANKID": "0"}, {0, 1})
+    assert cpus is None and "'one' is not a core number" in why
+
+
+def run_task(env_extra, code):
+    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS + task.LOCAL_RANK_ENV_VARS}
+    env.update({"PMI_RANK": "0"}, **env_extra)
+    return subprocess.run([sys.executable, task.__file__, "--", sys.executable, "-c", code], env=env,
+                          capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+
+
+PRINT_AFFINITY = "import os; print(sorted(os.sched_getaffinity(0)))"
+
+
+def test_task_sets_the_command_affinity():
+    comm = max(ALLOWED)
+    r = run_task({"MLSL_TF_COMM_CORE": str(comm), "MPI_LOCALRANKID": "0"}, PRINT_AFFINITY)
+    assert r.returncode == 0, r.stderr
+    if len(ALLOWED) == 1:  # nothing to spare: warned about and left as it was
+        assert r.stdout.strip() == str(sorted(ALLOWED)) and "only core" in r.stderr
+    else:
+        assert r.stdout.strip() == str(sorted(ALLOWED - {comm})) and r.stderr == ""
+
+
+def test_task_without_comm_core_leaves_affinity():
+    r = run_task({}, PRINT_AFFINITY)
+    assert r.returncode == 0 and r.stdout.strip() == str(sorted(ALLOWED)) and r.stderr == ""
+
+
+def test_task_warns_about_an_unusable_core():
+    r = run_task({"MLSL_TF_COMM_CORE": str(max(ALLOWED) + 1000), "MPI_LOCALRANKID": "0"}, PRINT_AFFINITY)
+    assert r.returncode == 0 and r.stdout.strip() == str(sorted(ALLOWED))
+    assert "is not among this rank's cores" in r.stderr
+
+
+# Under mlslrun: the main thread avoids the comm core, the background thread runs on it.
+THREAD_AFFINITIES = """
+import os, sys, time
+sys.path.insert(0, {root!r})
+import mlsl_tf as hvd
+hvd.init()
+def masks():
+    out = []
+    for tid in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{{tid}}/status") as f:
+            out += [l.split(":")[1].strip() for l in f if l.startswith("Cpus_allowed_list")]
+    return out
+# the background thread pins itself when it starts running, which init() does not wait for
+deadline = time.time() + 10
+while {comm!r} not in masks() and time.time() < deadline:
+    time.sleep(0.01)
+print("main", sorted(os.sched_getaffinity(0)))
+print("threads", sorted(set(masks())))
+hvd.shutdown()
+"""
+
+
+@pytest.mark.timeout(240)
+def test_mlslrun_comm_core_end_to_end():
+    if not os.path.exists(os.path.join(ROOT, "mlsl_tf", "_mlsl_tf.so")):
+        pytest.fail("the ops library is not built (make lib)")
+    comm = max(ALLOWED)
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    r = subprocess.run([sys.executable, "-m", "mlsl_tf.runner", "-np", "1", "--comm-core", str(comm),
+                        sys.executable, "-c", THREAD_AFFINITIES.format(root=ROOT, comm=str(comm))],
+                       env=env, capture_output=True, text=True, timeout=220, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = dict(line.split(" ", 1) for line in r.stdout.splitlines() if line.startswith(("main ", "threads ")))
+    if len(ALLOWED) == 1:
+        assert lines["main"] == str(sorted(ALLOWED)) and "only core" in r.stderr
+        return
+    assert lines["main"] == str(sorted(ALLOWED - {comm}))
+    assert repr(str(comm)) in lines["threads"], r.stdout  # the background thread, pinned
