@@ -17,14 +17,22 @@ _EXPORTS = {
                        "shutdown", "size"],
     "mlsl_tf.compression": ["Compression"],
     "mlsl_tf.functions": ["allgather_object", "broadcast_object", "broadcast_variables"],
+    "mlsl_tf.groups": ["Group", "ProcessSet", "add_process_set", "global_process_set", "process_set_by_id",
+                       "process_sets", "remove_process_set"],
     "mlsl_tf.ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "alltoall",
                     "barrier", "broadcast", "grouped_allreduce", "join", "reducescatter"],
 }
+# submodules reachable as attributes (mlsl_tf.groups.grid, mlsl_tf.parallel.all_gather)
+_SUBMODULES = ["groups", "parallel"]
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
-__all__ = sorted(_WHERE)
+__all__ = sorted(_WHERE) + _SUBMODULES
 
 
 def __getattr__(name):
+    if name in _SUBMODULES:
+        value = importlib.import_module(f"mlsl_tf.{name}")
+        globals()[name] = value
+        return value
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'mlsl_tf' has no attribute {name!r}")
@@ -34,4 +42,4 @@ def __getattr__(name):
 
 
 def __dir__():
-    return sorted(set(globals()) | set(_WHERE))
+    return sorted(set(globals()) | set(_WHERE) | set(_SUBMODULES))

@@ -57,10 +57,29 @@ def _resolve_op(op, average, default=Average):
     return op
 
 
+def _group(process_set, group):
+    """The one group an op was given as `process_set=` or its alias `group=` (None: the world)."""
+    if group is None:
+        return process_set
+    if process_set is not None and process_set is not group:
+        raise ValueError("pass the group as either process_set= or group=, not both")
+    return group
+
+
 def _group_id(process_set):
     if process_set is None:
         return 0
-    return int(getattr(process_set, "process_set_id", process_set))
+    from mlsl_tf.groups import _group_id_of
+    return _group_id_of(process_set)
+
+
+def _group_rank_and_size(process_set):
+    """This rank's index in the group and the group's size (the world's for None / id 0)."""
+    group_id = _group_id(process_set)
+    if group_id == 0:
+        return rank(), size()
+    from mlsl_tf.groups import group_rank_and_size
+    return group_rank_and_size(group_id)
 
 
 def _allreduce(tensor, op=Sum, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None,
@@ -74,9 +93,11 @@ def _allreduce(tensor, op=Sum, prescale_factor=1.0, postscale_factor=1.0, name=N
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
               prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None, ignore_name_scope=False,
-              priority=0):
-    """Reduces `tensor` over all ranks (default op: Average). IndexedSlices are allgathered
+              priority=0, group=None):
+    """Reduces `tensor` over all ranks, or over the members of `group` (alias of `process_set`;
+    Average divides by the group's size). Default op: Average. IndexedSlices are allgathered
     (values and indices), as Horovod does; `compression` casts around the collective."""
+    process_set = _group(process_set, group)
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Average, Sum):
@@ -85,7 +106,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
                            ignore_name_scope=ignore_name_scope, priority=priority)
         indices = allgather(tensor.indices, name=None if name is None else name + ".indices",
                             process_set=process_set, ignore_name_scope=ignore_name_scope, priority=priority)
-        scale = prescale_factor * postscale_factor / (size() if op == Average else 1)
+        scale = prescale_factor * postscale_factor / (_group_rank_and_size(process_set)[1] if op == Average else 1)
         if scale != 1.0:
             values = values * tf.cast(scale, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
@@ -98,8 +119,10 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
 
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None,
-                      ignore_name_scope=False, priority=0):
-    """Allreduces a list of tensors as one negotiated, fused collective (one per dtype)."""
+                      ignore_name_scope=False, priority=0, group=None):
+    """Allreduces a list of tensors as one negotiated, fused collective (one per dtype), over
+    all ranks or the members of `group` (alias of `process_set`)."""
+    process_set = _group(process_set, group)
     op = _resolve_op(op, average)
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
@@ -121,24 +144,30 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     return results
 
 
-def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, priority=0):
-    """Concatenates every rank's tensor along the first dimension (which may differ per rank)."""
+def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
+    """Concatenates every rank's tensor along the first dimension (which may differ per rank);
+    with `group` (alias of `process_set`), the members' tensors in group-rank order."""
+    process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
     return _ops().mlsl_allgather(tensor, tensor_name=_tensor_name(name, "MlslAllgather", ignore_name_scope),
                                  priority=priority, process_set_id=_group_id(process_set))
 
 
-def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None, priority=0):
-    """Every rank receives root_rank's tensor."""
+def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
+    """Every rank receives root_rank's tensor. With `group` (alias of `process_set`), every
+    member receives the tensor of the member whose index IN THE GROUP is root_rank."""
+    process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
     return _ops().mlsl_broadcast(tensor, root_rank=root_rank,
                                  tensor_name=_tensor_name(name, "MlslBroadcast", ignore_name_scope),
                                  priority=priority, process_set_id=_group_id(process_set))
 
 
-def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None, priority=0):
+def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
     """Sends splits[r] rows of `tensor` to rank r (equal parts when splits is None).
-    Returns (received tensor, received_splits)."""
+    Returns (received tensor, received_splits). With `group` (alias of `process_set`), splits
+    has one entry per member, in group-rank order."""
+    process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
     splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
     return _ops().mlsl_alltoall(tensor, splits, tensor_name=_tensor_name(name, "MlslAlltoall", ignore_name_scope),
@@ -146,9 +175,11 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
 
 def reducescatter(tensor, op=Average, name=None, process_set=None, ignore_name_scope=False, prescale_factor=1.0,
-                  postscale_factor=1.0, priority=0):
+                  postscale_factor=1.0, priority=0, group=None):
     """Reduces over all ranks; rank r keeps the r-th block of rows (the first dim0 % size ranks
-    get one row more)."""
+    get one row more). With `group` (alias of `process_set`): over the members, member i (its
+    index in the group) keeping the i-th block; Average divides by the group's size."""
+    process_set = _group(process_set, group)
     op = _resolve_op(op, None)
     tensor = tf.convert_to_tensor(tensor)
     return _ops().mlsl_reducescatter(
@@ -157,8 +188,9 @@ def reducescatter(tensor, op=Average, name=None, process_set=None, ignore_name_s
         priority=priority, process_set_id=_group_id(process_set))
 
 
-def barrier(process_set=None, name=None):
-    """Returns when every rank has reached it."""
+def barrier(process_set=None, name=None, group=None):
+    """Returns when every rank (every member of `group`, alias of `process_set`) has reached it."""
+    process_set = _group(process_set, group)
     return _ops().mlsl_barrier(tensor_name=name or "", process_set_id=_group_id(process_set))
 
 
@@ -192,19 +224,20 @@ def _grouped_allreduce_grad(op, *grads):
 
 @tf.RegisterGradient("MlslAllgather")
 def _allgather_grad(op, grad):
-    """Sum the upstream gradient over ranks, then keep this rank's rows."""
-    group = op.get_attr("process_set_id") or None
+    """Sum the upstream gradient over the group's ranks, then keep this rank's rows."""
+    group = op.get_attr("process_set_id")
     grad = _allreduce(grad, Sum, process_set=group)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
     all_rows = allgather(rows, process_set=group)
-    offset = tf.reduce_sum(all_rows[:rank()])
+    offset = tf.reduce_sum(all_rows[:_group_rank_and_size(group)[0]])
     return grad[offset:offset + rows[0]]
 
 
 @tf.RegisterGradient("MlslBroadcast")
 def _broadcast_grad(op, grad):
-    reduced = _allreduce(grad, Sum, process_set=op.get_attr("process_set_id") or None)
-    if rank() != op.get_attr("root_rank"):
+    group = op.get_attr("process_set_id")
+    reduced = _allreduce(grad, Sum, process_set=group)
+    if _group_rank_and_size(group)[0] != op.get_attr("root_rank"):  # root_rank: an index in the group
         return reduced * 0
     return reduced
 
@@ -218,8 +251,9 @@ def _alltoall_grad(op, grad, _received_splits_grad):
 @tf.RegisterGradient("MlslReducescatter")
 def _reducescatter_grad(op, grad):
     reduce_op = op.get_attr("reduce_op")
-    out = allgather(grad, process_set=op.get_attr("process_set_id") or None)
+    group = op.get_attr("process_set_id")
+    out = allgather(grad, process_set=group)
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     if reduce_op == Average:
-        scale /= size()
+        scale /= _group_rank_and_size(group)[1]
     return out * tf.cast(scale, out.dtype) if scale != 1.0 else out

@@ -1,0 +1,281 @@
+"""Groups of ranks (Horovod's process sets) and the model-parallel x data-parallel grid.
+
+A group is a sorted list of world ranks that runs collectives among themselves; every op takes
+it as `group=` (or Horovod's `process_set=`). Creating and removing groups is collective: every
+rank of the world calls it, in the same order, with the same ranks, also the ranks that are not
+members (the core then builds the group's communicator on all of them at once). A rank's index
+in the group is its position in the sorted list; a broadcast's root_rank and the order of an
+allgather's blocks are indices in the group.
+
+    mp, dp = mlsl_tf.groups.grid(model_parallel=2)   # on 4 ranks: mp {0,1},{2,3}; dp {0,2},{1,3}
+    y = mlsl_tf.allreduce(x, group=mp)
+
+After mlsl_tf.shutdown() the core forgets its groups; groups made before are then invalid.
+"""
+
+import collections
+import ctypes
+
+from mlsl_tf import _library
+from mlsl_tf.basics import rank as _world_rank
+from mlsl_tf.basics import size as _world_size
+
+
+class ProcessSet:
+    """A set of ranks that run collectives together (Horovod's name). `ProcessSet(ranks)` only
+    describes the set; `add_process_set` registers it (collectively) and sets `process_set_id`.
+    `mlsl_tf.Group(ranks)` does both at once."""
+
+    process_set_id = None
+
+    def __init__(self, ranks):
+        try:
+            ranks = list(ranks)
+        except TypeError:
+            raise ValueError(f"a group needs a list of ranks, got {ranks!r}") from None
+        bad = [r for r in ranks if isinstance(r, bool) or not isinstance(r, int)]
+        if bad:
+            raise ValueError(f"a group's ranks must be ints, got {bad[0]!r} in {ranks!r}")
+        dup = sorted({r for r in ranks if ranks.count(r) > 1})
+        if dup:
+            raise ValueError(f"a group lists each rank once; {dup} appear more than once in {ranks!r}")
+        self._ranks = sorted(ranks)
+
+    @property
+    def ranks(self):
+        """The world ranks in the group, sorted."""
+        return list(self._ranks)
+
+    def size(self):
+        """The number of ranks in the group; None while it is not registered."""
+        if self.process_set_id is None:
+            return None
+        return len(self.ranks)
+
+    def included(self):
+        """Whether this rank is a member; None while the group is not registered."""
+        if self.process_set_id is None:
+            return None
+        return _world_rank() in self.ranks
+
+    def rank(self):
+        """This rank's index in the group (its position in `ranks`); None while the group is not
+        registered. Raises ValueError on a rank that is not a member (as Horovod does)."""
+        if self.process_set_id is None:
+            return None
+        me = _world_rank()
+        ranks = self.ranks
+        if me not in ranks:
+            raise ValueError(f"rank {me} is not a member of {self}")
+        return ranks.index(me)
+
+    def _invalidate(self):
+        self.process_set_id = None
+
+    def __repr__(self):
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+
+    __str__ = __repr__
+
+
+class _GlobalProcessSet(ProcessSet):
+    """Every rank (id 0). Its ranks follow the current world, so it is valid across init calls."""
+
+    process_set_id = 0
+
+    def __init__(self):
+        self._ranks = None
+
+    @property
+    def ranks(self):
+        return list(range(_world_size()))
+
+    def _invalidate(self):
+        pass
+
+
+global_process_set = _GlobalProcessSet()
+
+# process_set_id -> the registered ProcessSet objects with that id (add_process_set may be given
+# an object or a list of ranks; the first object registered is the canonical one).
+_registered = {}
+
+
+def _c_api():
+    lib = _library.c_api()
+    if not hasattr(lib, "mlsl_tf_add_group"):
+        raise RuntimeError("this build of mlsl_tf's library has no group support; rebuild it with `make lib`")
+    if lib.mlsl_tf_add_group.argtypes is None:
+        lib.mlsl_tf_add_group.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.mlsl_tf_add_group.restype = ctypes.c_int
+        lib.mlsl_tf_remove_group.argtypes = [ctypes.c_int]
+        lib.mlsl_tf_remove_group.restype = ctypes.c_int
+    return lib
+
+
+def add_process_set(process_set):
+    """Registers `process_set` (a ProcessSet or a list of ranks) with the core and returns it
+    with its process_set_id set. Collective: every rank calls it in the same order with the same
+    ranks; otherwise every rank gets a ValueError naming the ranks that disagree."""
+    if not isinstance(process_set, ProcessSet):
+        process_set = ProcessSet(process_set)
+    if process_set.process_set_id is not None:
+        raise ValueError(f"{process_set} is already registered")
+    ranks = process_set.ranks
+    world = _world_size()
+    if not ranks:
+        raise ValueError("a group needs at least one rank")
+    outside = [r for r in ranks if not 0 <= r < world]
+    if outside:
+        raise ValueError(f"group ranks {outside} are outside the world of {world} ranks (0..{world - 1})")
+    # Every rank registers the same groups in the same order, so this check agrees on all ranks.
+    existing = _find_registered(ranks)
+    if existing is not None:
+        raise ValueError(f"a group of ranks {ranks} already exists: {existing}")
+    lib = _c_api()
+    array = (ctypes.c_int * len(ranks))(*ranks)
+    group_id = lib.mlsl_tf_add_group(array, len(ranks))
+    if group_id < 0:
+        raise ValueError(f"creating the group of ranks {ranks} failed: {_library.last_error()}")
+    process_set.process_set_id = group_id
+    _registered.setdefault(group_id, []).append(process_set)
+    return process_set
+
+
+def remove_process_set(process_set):
+    """Removes a registered group (collective, like add_process_set) and invalidates every
+    object registered with its id. Returns False for the global set (never removed), else True."""
+    group_id = _group_id_of(process_set)
+    if group_id == 0:
+        return False
+    if _c_api().mlsl_tf_remove_group(group_id) != 0:
+        raise ValueError(f"removing group {group_id} failed: {_library.last_error()}")
+    for ps in _registered.pop(group_id, []):
+        ps._invalidate()
+    if isinstance(process_set, ProcessSet):
+        process_set._invalidate()
+    return True
+
+
+def _group_id_of(process_set):
+    if isinstance(process_set, ProcessSet):
+        if process_set.process_set_id is None:
+            raise ValueError(f"{process_set} is not registered (create it with mlsl_tf.Group(ranks) or "
+                             "add_process_set, and not after remove_process_set or shutdown)")
+        return process_set.process_set_id
+    if isinstance(process_set, bool) or not isinstance(process_set, int):
+        raise ValueError(f"expected a group (mlsl_tf.Group / ProcessSet) or its id, got {process_set!r}")
+    return process_set
+
+
+def Group(ranks):
+    """Creates and registers the group of `ranks` (collective: every rank of the world calls it,
+    in the same order, with the same ranks). The result is a ProcessSet with ranks, size(),
+    rank() (this rank's index in it) and included()."""
+    return add_process_set(ProcessSet(ranks))
+
+
+def _find_registered(ranks):
+    """The registered group with exactly these ranks (the global one for the whole world)."""
+    if ranks == list(range(_world_size())):
+        return global_process_set
+    for group_id in sorted(_registered):
+        if _registered[group_id][0].ranks == ranks:
+            return _registered[group_id][0]
+    return None
+
+
+def process_set_by_id(process_set_id):
+    """The registered group with this id."""
+    if process_set_id == 0:
+        return global_process_set
+    found = _registered.get(process_set_id)
+    if not found:
+        raise ValueError(f"no registered group has id {process_set_id}")
+    return found[0]
+
+
+def process_sets():
+    """Every registered group, the global one first, by id."""
+    return [global_process_set] + [_registered[i][0] for i in sorted(_registered)]
+
+
+def group_rank_and_size(process_set_id):
+    """(this rank's index in the group, the group's size); used by the ops' gradients. Raises
+    ValueError when this rank is not a member."""
+    if process_set_id == 0:
+        return _world_rank(), _world_size()
+    group = process_set_by_id(process_set_id)
+    return group.rank(), group.size()
+
+
+def _forget_all():
+    """Invalidates every registered group (the core has forgotten them: shutdown)."""
+    for found in _registered.values():
+        for ps in found:
+            ps._invalidate()
+    _registered.clear()
+    _data_parallel_of.clear()
+
+
+# ---- the grid -----------------------------------------------------------------------------
+
+Grid = collections.namedtuple("Grid", ["model_parallel", "data_parallel"])
+
+# model-parallel group id -> the data-parallel group grid() made with it on this rank
+_data_parallel_of = {}
+
+
+def grid(model_parallel):
+    """Splits the world into model-parallel groups of `model_parallel` consecutive ranks and
+    data-parallel groups of the ranks with the same index in their model-parallel group, and
+    returns this rank's two as Grid(model_parallel, data_parallel) (a 2-tuple).
+
+    On 4 ranks with model_parallel=2: model-parallel {0,1} and {2,3}, data-parallel {0,2} and
+    {1,3}. Collective: every rank creates every group, model-parallel ones first, in rank order.
+    A group that already exists (the whole world is the global group) is reused."""
+    k = model_parallel
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"grid: model_parallel must be a positive int, got {model_parallel!r}")
+    world = _world_size()
+    if world % k:
+        raise ValueError(f"grid: the world size {world} is not a multiple of model_parallel={k}")
+    me = _world_rank()
+
+    def make(ranks):
+        return _find_registered(list(ranks)) or Group(ranks)
+
+    mp_groups = [make(range(start, start + k)) for start in range(0, world, k)]
+    dp_groups = [make(range(index, world, k)) for index in range(k)]
+    mp, dp = mp_groups[me // k], dp_groups[me % k]
+    _data_parallel_of[mp.process_set_id] = dp
+    return Grid(mp, dp)
+
+
+def data_parallel_group_of(model_parallel_group):
+    """The data-parallel group grid() returned together with `model_parallel_group` on this
+    rank, or None when that group did not come from grid()."""
+    return _data_parallel_of.get(_group_id_of(model_parallel_group))
+
+
+def check_reduction_group(variables, process_set):
+    """Raises ValueError when a gradient reduction over `process_set` (None: the world) would
+    mix different shards of a model-parallel variable, i.e. when the reduction's ranks include
+    another member of the group the variable is sharded over. Used by DistributedOptimizer and
+    DistributedGradientTape."""
+    reduce_ranks = None
+    for v in variables:
+        sharded = getattr(v, "_mlsl_sharded_over", None)
+        if sharded is None or sharded.process_set_id is None:
+            continue
+        if reduce_ranks is None:
+            reduce_ranks = set((global_process_set if process_set is None else
+                                process_set_by_id(_group_id_of(process_set))).ranks)
+        shared = sorted(reduce_ranks & set(sharded.ranks))
+        if len(shared) > 1:
+            name = getattr(v, "path", None) or getattr(v, "name", "?")
+            raise ValueError(
+                f"the gradient of {name!r}, sharded over the model-parallel group of ranks {sharded.ranks}, "
+                f"would be reduced over ranks {sorted(reduce_ranks)}, which hold different shards of it "
+                f"(ranks {shared}); reduce over the data-parallel group instead, e.g. "
+                "mp, dp = mlsl_tf.groups.grid(model_parallel=K); DistributedOptimizer(opt, group=dp)")
