@@ -19,6 +19,7 @@ import tensorflow as tf
 
 from mlsl_tf import ops
 from mlsl_tf.compression import Compression
+from mlsl_tf.groups import check_reduction_group
 
 
 _names_per_graph = weakref.WeakKeyDictionary()
@@ -167,6 +168,7 @@ class _DistributedOptimizer:
         if len(grads) != len(variables):
             raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
         indices = [self._get_variable_index(v) for v in variables]
+        check_reduction_group(variables, self._mlsl_options.process_set)
         if self._mlsl_passes <= 1:
             reduced = self._mlsl_options.reduce(grads, indices, self._mlsl_index_of)
             return super().apply(reduced, variables)

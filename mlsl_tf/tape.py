@@ -6,6 +6,7 @@ import tensorflow as tf
 
 from mlsl_tf import ops
 from mlsl_tf.compression import Compression
+from mlsl_tf.groups import check_reduction_group
 from mlsl_tf.optimizer import ReduceOptions
 
 
@@ -17,6 +18,7 @@ class _DistributedGradientTape:
         grads = super().gradient(target, sources, output_gradients=output_gradients,
                                  unconnected_gradients=unconnected_gradients)
         flat_sources = tf.nest.flatten(sources)
+        check_reduction_group(flat_sources, self._mlsl_options.process_set)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)
         position = {}
         for p, s in enumerate(flat_sources):
