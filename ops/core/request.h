@@ -24,9 +24,12 @@ struct Request {
   DataType dtype = DataType::kFloat32;
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0, postscale = 1.0;
-  int root = 0;
+  int root = 0;      // broadcast: the root's rank in the group; remove_group: the group's id
   int priority = 0;  // lower = more urgent
   int group = 0;     // 0 = all ranks
+  int wire = -1;     // reducing float32 collectives: the DataType on the wire; -1 = MLSL_TF_WIRE_DTYPE
+  bool error_feedback = false;  // compressed allreduce: keep what rounding lost, add it next time
+  std::vector<int> ranks;  // add_group: the member ranks (world ranks)
   std::vector<TensorInput> inputs;  // several only for grouped allreduce; none for barrier/join
   std::vector<int64_t> splits;      // alltoall: rows sent to each rank; empty = equal split
 

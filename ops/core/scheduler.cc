@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "reduce.h"
+#include "wire.h"
 
 namespace mlsl {
 
@@ -28,6 +29,7 @@ struct Scheduler::Work {
   bool prepared = false;
   char* buf = nullptr;
   std::vector<char> own;
+  std::vector<float> res_in, res_out;  // error feedback: the parts' residuals, packed like buf
   int64_t total = 0, next = 0;  // elements
   int outstanding = 0, chunks = 0;
   Status status;
@@ -57,7 +59,8 @@ int64_t Elements(const RequestMeta& m) {
 
 bool SameKind(const RequestMeta& a, const RequestMeta& b) {
   return a.op == OpType::kAllreduce && b.op == OpType::kAllreduce && a.dtype == b.dtype &&
-         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group;
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group &&
+         a.wire == b.wire && a.error_feedback == b.error_feedback;
 }
 
 }  // namespace
@@ -150,6 +153,16 @@ void Scheduler::Prepare(Work* w) {
     }
     ScaleInPlace(dst, n, w->meta.dtype, w->meta.prescale);
   }
+  if (w->meta.error_feedback && IsCompressedWire(w->meta.wire) && w->meta.dtype == DataType::kFloat32) {
+    w->res_in.assign(w->total, 0.0f);
+    w->res_out.assign(w->total, 0.0f);
+    for (Part& p : w->parts) {
+      auto it = residuals_.find(p.name);
+      if (!p.request || it == residuals_.end() || int64_t(it->second.first.size()) != p.count) continue;
+      std::copy(it->second.first.begin(), it->second.first.end(), w->res_in.begin() + p.offset);
+      std::copy(it->second.second.begin(), it->second.second.end(), w->res_out.begin() + p.offset);
+    }
+  }
 }
 
 void Scheduler::StartChunk(Work* w) {
@@ -162,11 +175,33 @@ void Scheduler::StartChunk(Work* w) {
   unit->bytes = n * int64_t(esize);
   unit->chunk = w->chunks++;
   unit->start = Clock::now();
-  unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op);
+  if (w->meta.dtype == DataType::kFloat32 && IsCompressedWire(w->meta.wire)) {
+    // A two-step chunk: its own communicator per in-flight slot keeps the steps of different
+    // chunks from interleaving differently on different ranks.
+    Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
+    float* data = reinterpret_cast<float*>(w->buf) + w->next;
+    float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
+    float* res_out = w->res_out.empty() ? nullptr : w->res_out.data() + w->next;
+    unit->op = slot ? StartWireAllreduce(slot, data, n, w->meta.wire, w->meta.reduce_op, res_in, res_out) : nullptr;
+    unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
+  } else {
+    unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op);
+  }
   w->next += n;
   w->outstanding++;
   stats_->Chunk(unit->bytes);
   inflight_.push_back(std::move(unit));
+}
+
+Communicator* Scheduler::Slot(int i) {
+  if (slots_.empty()) slots_.resize(options_.inflight);
+  if (!slots_[i]) {
+    std::vector<int> everyone(comm_->size());
+    for (int r = 0; r < comm_->size(); ++r) everyone[r] = r;
+    Status s = comm_->Split(everyone, &slots_[i]);
+    if (!s.ok()) slot_error_ = s;
+  }
+  return slots_[i].get();
 }
 
 void Scheduler::RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined) {
@@ -230,7 +265,7 @@ void Scheduler::Progress() {
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();
     bool done = false;
-    Status s = u->op->Test(&done);
+    Status s = u->op ? u->op->Test(&done) : slot_error_;
     if (!s.ok()) {
       u->work->status = s;
       done = true;
@@ -266,6 +301,11 @@ void Scheduler::Finalize(Work* w) {
         if (count && p.outputs[i] != src + n * esize) std::memcpy(p.outputs[i], src + n * esize, count * esize);
         n += count;
       }
+    }
+    if (w->status.ok() && !w->res_in.empty()) {
+      auto& kept = residuals_[p.name];
+      kept.first.assign(w->res_in.begin() + p.offset, w->res_in.begin() + p.offset + p.count);
+      kept.second.assign(w->res_out.begin() + p.offset, w->res_out.begin() + p.offset + p.count);
     }
     if (timeline_->enabled()) timeline_->Instant(p.name, "done", "queue", Clock::now());
     p.finish(w->status);
