@@ -1,6 +1,7 @@
 #include "c_api.h"
 
 #include <cstdlib>
+#include <future>
 #include <mutex>
 #include <string>
 
@@ -34,6 +35,29 @@ int Query(int (*get)(const Runtime&)) {
   auto rt = CurrentRuntime();
   if (!rt) return Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
   return get(*rt);
+}
+
+// Submits an add_group / remove_group request and waits for it (it needs every rank).
+int ChangeGroups(OpType op, std::vector<int> ranks, int id) {
+  auto rt = CurrentRuntime();
+  if (!rt) return Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
+  auto r = std::make_unique<Request>();
+  r->op = op;
+  r->name = "mlsl_tf.group_change." + std::to_string(rt->NextGroupChange());
+  r->ranks = std::move(ranks);
+  r->root = id;
+  auto result = std::make_shared<int32_t>(-1);
+  auto status = std::make_shared<std::promise<Status>>();
+  std::future<Status> finished = status->get_future();
+  r->allocate_output = [result](int, const Shape&, void** data) {
+    *data = result.get();
+    return Status::Ok();
+  };
+  r->done = [status](const Status& s) { status->set_value(s); };
+  rt->Submit(std::move(r));
+  Status s = finished.get();
+  if (!s.ok()) return Fail(s.message());
+  return *result;
 }
 
 }  // namespace
@@ -98,3 +122,13 @@ extern "C" int mlsl_tf_setting_count(void) { return int(mlsl::AllSettings().size
 extern "C" const char* mlsl_tf_setting_name(int i) { return mlsl::AllSettings().at(i).name; }
 extern "C" const char* mlsl_tf_setting_default(int i) { return mlsl::AllSettings().at(i).default_value; }
 extern "C" const char* mlsl_tf_setting_doc(int i) { return mlsl::AllSettings().at(i).doc; }
+
+extern "C" int mlsl_tf_add_group(const int* ranks, int n) {
+  if (n < 0 || (n > 0 && !ranks)) return mlsl::Fail("mlsl_tf_add_group: invalid rank list");
+  return mlsl::ChangeGroups(mlsl::OpType::kAddGroup, std::vector<int>(ranks, ranks + n), 0);
+}
+
+extern "C" int mlsl_tf_remove_group(int id) {
+  int rc = mlsl::ChangeGroups(mlsl::OpType::kRemoveGroup, {}, id);
+  return rc < 0 ? -1 : 0;
+}

@@ -49,6 +49,10 @@ class Communicator {
   virtual std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                                    DataType dtype, ReduceOp op) = 0;
   virtual std::unique_ptr<PendingOp> Barrier() = 0;
+  // Blocking, and collective over every rank of this communicator (called in the same order
+  // everywhere): *out becomes a new communicator over `ranks` (sorted, unique, in range; the
+  // new rank is the index in `ranks`) on the members, null on the others.
+  virtual Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) = 0;
 };
 
 // Drives op to completion, spinning briefly and then sleeping in short steps so a waiting

@@ -4,6 +4,24 @@
 
 namespace mlsl {
 
+Coordinator::Coordinator(int size) : size_(size) {
+  std::vector<int> everyone(size);
+  for (int r = 0; r < size; ++r) everyone[r] = r;
+  groups_.push_back(everyone);
+}
+
+void Coordinator::SetGroup(int32_t id, std::vector<int> ranks) {
+  if (int32_t(groups_.size()) <= id) groups_.resize(id + 1);
+  groups_[id] = std::move(ranks);
+}
+
+const std::vector<int>& Coordinator::Members(const Pending& p) const {
+  for (const auto& m : p.by_rank) {
+    if (m && m->group >= 0 && m->group < int32_t(groups_.size())) return groups_[m->group];
+  }
+  return groups_[0];
+}
+
 void Coordinator::Announce(int rank, RequestMeta meta) {
   auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.name == meta.name; });
   if (it == pending_.end()) {
@@ -53,12 +71,16 @@ std::vector<Decision> Coordinator::Resolve(const std::vector<bool>& joined) {
   if (!anyone_active) return out;
   for (auto it = pending_.begin(); it != pending_.end();) {
     bool complete = true;
-    for (int r = 0; r < size_; ++r) complete = complete && (joined[r] || it->by_rank[r].has_value());
+    for (int r : Members(*it)) complete = complete && (joined[r] || it->by_rank[r].has_value());
     if (!complete) { ++it; continue; }
     std::string err = Mismatch(*it, joined);
     if (!err.empty()) {
       const RequestMeta* any = nullptr;
       for (auto& m : it->by_rank) if (m) { any = &*m; break; }
+      if (any->op == OpType::kAddGroup) {
+        err = "groups must be created on every rank in the same order with the same ranks, but group creation #" +
+              it->name.substr(it->name.rfind('.') + 1) + " differs: " + err;
+      }
       out.push_back(Decision{Decision::kError, it->name, -1,
                              std::string("mlsl_tf: ") + OpTypeName(any->op) + " '" + it->name + "': " + err});
     } else {
@@ -87,7 +109,7 @@ std::vector<std::pair<std::string, std::vector<int>>> Coordinator::Stalled(std::
   for (const Pending& p : pending_) {
     if (now - p.since < after) continue;
     std::vector<int> missing;
-    for (int r = 0; r < size_; ++r) if (!p.by_rank[r]) missing.push_back(r);
+    for (int r : Members(p)) if (!p.by_rank[r]) missing.push_back(r);
     out.emplace_back(p.name, missing);
   }
   return out;

@@ -25,7 +25,10 @@ struct Decision {
 
 class Coordinator {
  public:
-  explicit Coordinator(int size) : size_(size) {}
+  explicit Coordinator(int size);
+
+  // Declares group `id`'s member ranks: its names are decided once all of them announced.
+  void SetGroup(int32_t id, std::vector<int> ranks);
 
   // Records that `rank` has a request `meta` pending. May yield a kInvalidate decision (a
   // name with an id was re-announced with different metadata: every rank must re-announce).
@@ -48,12 +51,15 @@ class Coordinator {
     bool invalidated = false;
   };
   std::string Mismatch(const Pending& p, const std::vector<bool>& joined) const;
+  // The ranks that must announce p: the members of the group its first announcement names.
+  const std::vector<int>& Members(const Pending& p) const;
 
   const int size_;
   std::vector<Pending> pending_;           // in order of first announcement
   std::map<std::string, int32_t> ids_;     // every name that was ever agreed
   std::vector<RequestMeta> metas_;         // by id: the metadata last agreed
   std::vector<Decision> early_;            // invalidations produced by Announce
+  std::vector<std::vector<int>> groups_;   // by group id: member ranks
 };
 
 }  // namespace mlsl

@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "reduce.h"
+#include "wire.h"
 
 namespace mlsl {
 namespace {
@@ -31,6 +32,8 @@ Status Executor::Execute(const RequestMeta& meta, Request* request, const std::v
     }
     case OpType::kAllreduce:  // chunked by the Scheduler
     case OpType::kJoin:       // a rendezvous in the control message
+    case OpType::kAddGroup:   // run by the Runtime itself
+    case OpType::kRemoveGroup:
       break;
   }
   return Status::Internal(std::string(OpTypeName(meta.op)) + " is not executed by the Executor");
@@ -153,8 +156,14 @@ Status Executor::Reducescatter(const RequestMeta& m, Request* r) {
     scratch_.resize(counts[me] * esize);
     out = scratch_.data();
   }
-  auto op = comm_->ReduceScatter(staging_.data(), out, counts, m.dtype, m.reduce_op);
-  Status s = Wait(op.get());
+  Status s;
+  if (m.dtype == DataType::kFloat32 && IsCompressedWire(m.wire)) {
+    s = WireReduceScatter(comm_, reinterpret_cast<const float*>(staging_.data()), counts, static_cast<float*>(out),
+                          m.wire, m.reduce_op);
+  } else {
+    auto op = comm_->ReduceScatter(staging_.data(), out, counts, m.dtype, m.reduce_op);
+    s = Wait(op.get());
+  }
   if (s.ok() && r) ScaleInPlace(out, counts[me], m.dtype, PostFactor(m, n));
   return s;
 }

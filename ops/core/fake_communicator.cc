@@ -8,7 +8,7 @@
 namespace mlsl {
 namespace {
 
-enum Kind { kAllreduce = 1, kControl, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier };
+enum Kind { kAllreduce = 1, kControl, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier, kSplit };
 
 class FakePending : public PendingOp {
  public:
@@ -115,6 +115,11 @@ void FakeWorld::Compute(Slot* slot) {
     }
     case kBarrier:
       break;
+    case kSplit: {
+      auto sub = std::make_shared<FakeWorld>(int(p[0].sizes.size()));
+      for (int64_t r : p[0].sizes) *p[r].world_out = sub;
+      break;
+    }
   }
 }
 
@@ -173,6 +178,22 @@ std::unique_ptr<PendingOp> FakeCommunicator::Barrier() {
   FakeWorld::Part p;
   p.kind = kBarrier;
   return Start(std::move(p));
+}
+
+Status FakeCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) {
+  std::shared_ptr<FakeWorld> sub;
+  FakeWorld::Part p;
+  p.kind = kSplit;
+  p.sizes.assign(ranks.begin(), ranks.end());
+  p.world_out = &sub;
+  auto op = Start(std::move(p));
+  Status s = Wait(op.get());
+  if (!s.ok()) return s;
+  out->reset();
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    if (ranks[i] == rank_) *out = std::make_unique<FakeCommunicator>(sub, int(i));
+  }
+  return Status::Ok();
 }
 
 }  // namespace mlsl

@@ -29,6 +29,7 @@ class FakeWorld {
     ReduceOp op = ReduceOp::kSum;
     int root = 0;
     std::vector<int64_t> sizes, recv_sizes;
+    std::shared_ptr<FakeWorld>* world_out = nullptr;  // Split: where a member gets its new world
   };
   // Deposits rank's part of its seq-th operation; returns that operation's slot number.
   uint64_t Arrive(int rank, uint64_t seq, Part part);
@@ -62,6 +63,7 @@ class FakeCommunicator : public Communicator {
   std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                            DataType dtype, ReduceOp op) override;
   std::unique_ptr<PendingOp> Barrier() override;
+  Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
 
  private:
   std::unique_ptr<PendingOp> Start(FakeWorld::Part part);

@@ -1,5 +1,6 @@
 #include "meta.h"
 
+#include <algorithm>
 #include <cstring>
 #include <sstream>
 
@@ -62,6 +63,9 @@ RequestMeta RequestMeta::From(const Request& r) {
   m.root = r.root;
   m.priority = r.priority;
   m.group = r.group;
+  m.wire = r.wire >= 0 && ValidDataType(r.wire) ? DataType(r.wire) : r.dtype;
+  m.ranks.assign(r.ranks.begin(), r.ranks.end());
+  std::sort(m.ranks.begin(), m.ranks.end());
   for (const TensorInput& t : r.inputs) {
     Shape s = t.shape;
     if (FirstDimFree(r.op) && !s.empty()) s[0] = -1;
@@ -99,6 +103,9 @@ std::string RequestMeta::Difference(const RequestMeta& o) const {
   }
   if (priority != o.priority) return "priority " + std::to_string(priority) + " vs " + std::to_string(o.priority);
   if (group != o.group) return "group " + std::to_string(group) + " vs " + std::to_string(o.group);
+  if (wire != o.wire) return std::string("wire dtype ") + DataTypeName(wire) + " vs " + DataTypeName(o.wire);
+  if (ranks != o.ranks) return "group ranks " + ShapeString(Shape(ranks.begin(), ranks.end())) + " vs " +
+                               ShapeString(Shape(o.ranks.begin(), o.ranks.end()));
   if (local_error != o.local_error) return "input validity";
   return "";
 }
@@ -122,6 +129,9 @@ void SerializeMetas(const std::vector<RequestMeta>& metas, std::string* out) {
     w.Put<int32_t>(m.root);
     w.Put<int32_t>(m.priority);
     w.Put<int32_t>(m.group);
+    w.Put<int32_t>(int32_t(m.wire));
+    w.Put<uint32_t>(uint32_t(m.ranks.size()));
+    for (int32_t v : m.ranks) w.Put<int32_t>(v);
     w.Put<uint32_t>(uint32_t(m.shapes.size()));
     for (const Shape& s : m.shapes) {
       w.Put<uint32_t>(uint32_t(s.size()));
@@ -137,12 +147,17 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out) {
   if (!r.Get(&n)) return false;
   for (uint32_t i = 0; i < n; ++i) {
     RequestMeta m;
-    int32_t op, dtype, reduce;
-    uint32_t nshapes;
+    int32_t op, dtype, reduce, wire;
+    uint32_t nshapes, nranks;
     if (!r.Str(&m.name) || !r.Get(&op) || !r.Get(&dtype) || !r.Get(&reduce) || !r.Get(&m.prescale) ||
-        !r.Get(&m.postscale) || !r.Get(&m.root) || !r.Get(&m.priority) || !r.Get(&m.group) || !r.Get(&nshapes)) {
+        !r.Get(&m.postscale) || !r.Get(&m.root) || !r.Get(&m.priority) || !r.Get(&m.group) || !r.Get(&wire) ||
+        !r.Get(&nranks)) {
       return false;
     }
+    m.ranks.resize(nranks);
+    for (auto& v : m.ranks) if (!r.Get(&v)) return false;
+    if (!r.Get(&nshapes)) return false;
+    m.wire = DataType(wire);
     m.op = OpType(op);
     m.dtype = DataType(dtype);
     m.reduce_op = ReduceOp(reduce);
@@ -161,6 +176,23 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out) {
 
 std::string ValidateLocally(const Request& r, int size) {
   if (r.name.empty()) return "the collective has an empty name";
+  if (r.wire >= 0) {
+    DataType w = ValidDataType(r.wire) ? DataType(r.wire) : DataType::kUint8;
+    if (w != DataType::kFloat32 && w != DataType::kBfloat16 && w != DataType::kFloat16) {
+      return "wire dtype " + std::to_string(r.wire) + " is not supported (use float32, bfloat16 or float16)";
+    }
+  }
+  if (r.op == OpType::kAddGroup) {
+    if (r.ranks.empty()) return "a group needs at least one rank";
+    std::vector<int> sorted = r.ranks;
+    std::sort(sorted.begin(), sorted.end());
+    for (size_t i = 0; i < sorted.size(); ++i) {
+      if (sorted[i] < 0 || sorted[i] >= size) {
+        return "group rank " + std::to_string(sorted[i]) + " is out of range for " + std::to_string(size) + " ranks";
+      }
+      if (i && sorted[i] == sorted[i - 1]) return "group rank " + std::to_string(sorted[i]) + " is listed twice";
+    }
+  }
   if (r.op == OpType::kAllreduce || r.op == OpType::kReducescatter) {
     Status s = CheckReducible(r.dtype, r.reduce_op);
     if (!s.ok()) return s.message();

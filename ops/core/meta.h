@@ -19,7 +19,9 @@ struct RequestMeta {
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0, postscale = 1.0;
   int32_t root = 0, priority = 0, group = 0;
+  DataType wire = DataType::kFloat32;  // what travels: dtype itself unless compressed (runtime sets it)
   std::vector<Shape> shapes;
+  std::vector<int32_t> ranks;  // add_group: the sorted member ranks
   std::string local_error;  // this rank's own input was invalid; reported to every rank
 
   static RequestMeta From(const Request& r);
@@ -37,6 +39,7 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out);
 
 // Checks a request's own input (shapes, splits, reduce op vs dtype, root range); returns the
 // message, or "" when valid.
+// `size` is the number of ranks of the request's group.
 std::string ValidateLocally(const Request& r, int size);
 
 }  // namespace mlsl

@@ -2,6 +2,7 @@
 
 #include <mpi.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -200,6 +201,19 @@ class MpiCommunicator : public Communicator {
     auto p = std::make_unique<MpiPending>();
     int rc = MPI_Ibarrier(comm_, p->request());
     return Checked(std::move(p), rc, "MPI_Ibarrier");
+  }
+  Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override {
+    auto at = std::find(ranks.begin(), ranks.end(), rank_);
+    bool member = at != ranks.end();
+    MPI_Comm sub = MPI_COMM_NULL;
+    int rc = MPI_Comm_split(comm_, member ? 0 : MPI_UNDEFINED, int(at - ranks.begin()), &sub);
+    if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Comm_split", rc));
+    out->reset();
+    if (sub != MPI_COMM_NULL) {
+      MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
+      *out = std::make_unique<MpiCommunicator>(sub);
+    }
+    return Status::Ok();
   }
 
  private:

@@ -24,9 +24,11 @@ struct Request {
   DataType dtype = DataType::kFloat32;
   ReduceOp reduce_op = ReduceOp::kSum;
   double prescale = 1.0, postscale = 1.0;
-  int root = 0;
+  int root = 0;      // broadcast: the root's rank in the group; remove_group: the group's id
   int priority = 0;  // lower = more urgent
   int group = 0;     // 0 = all ranks
+  int wire = -1;     // reducing float32 collectives: the DataType on the wire; -1 = MLSL_TF_WIRE_DTYPE
+  std::vector<int> ranks;  // add_group: the member ranks (world ranks)
   std::vector<TensorInput> inputs;  // several only for grouped allreduce; none for barrier/join
   std::vector<int64_t> splits;      // alltoall: rows sent to each rank; empty = equal split
 

@@ -30,6 +30,7 @@ std::string RankList(const std::vector<int>& ranks) {
 }
 
 constexpr uint64_t kNobodyAnnounces = 1;  // flags word, bit 0 (inverted OR)
+constexpr uint64_t kNobodyBusy = 2;       // flags word, bit 1: no rank has transfers queued or in flight
 
 SchedulerOptions OptionsFromSettings() {
   SchedulerOptions o;
@@ -58,7 +59,40 @@ int CommCoreFor(const std::string& spec, int local_rank) {
   return cores.empty() ? -1 : cores[local_rank % cores.size()];
 }
 
+DataType WireFromSettings() {
+  std::string w = SettingString("MLSL_TF_WIRE_DTYPE");
+  if (w == "bfloat16" || w == "bf16") return DataType::kBfloat16;
+  if (w == "float16" || w == "fp16") return DataType::kFloat16;
+  if (w != "float32" && w != "none" && w != "fp32") {
+    Log(LogLevel::kWarning, "MLSL_TF_WIRE_DTYPE=" + w + " is not one of float32, bfloat16, float16; using float32");
+  }
+  return DataType::kFloat32;
+}
+
 }  // namespace
+
+std::vector<std::unique_ptr<Runtime::Group>> Runtime::WorldGroup(Communicator* comm, int rank, Timeline* timeline,
+                                                                 Stats* stats, const SchedulerOptions& options) {
+  auto g = std::make_unique<Group>();
+  for (int r = 0; r < comm->size(); ++r) g->ranks.push_back(r);
+  g->index = rank;
+  g->comm = comm;
+  g->executor = std::make_unique<Executor>(comm);
+  g->scheduler = std::make_unique<Scheduler>(comm, g->executor.get(), timeline, stats, options);
+  std::vector<std::unique_ptr<Group>> groups;
+  groups.push_back(std::move(g));
+  return groups;
+}
+
+void Runtime::MakeScheduler(Group* g) {
+  g->executor = std::make_unique<Executor>(g->comm);
+  g->scheduler = std::make_unique<Scheduler>(g->comm, g->executor.get(), &timeline_, &stats_, options_);
+}
+
+bool Runtime::AllIdle() const {
+  for (const auto& g : groups_) if (g->member() && !g->scheduler->idle()) return false;
+  return true;
+}
 
 Runtime::Runtime(std::unique_ptr<Communicator> comm)
     : comm_(std::move(comm)),
@@ -67,9 +101,10 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       topology_(comm_->topology()),
       heartbeat_(std::max<int64_t>(1, SettingInt("MLSL_TF_HEARTBEAT_MS"))),
       stall_warning_(SettingInt("MLSL_TF_STALL_WARNING_SECONDS")),
-      executor_(comm_.get()),
       timeline_(SettingString("MLSL_TF_TIMELINE"), rank_),
-      scheduler_(comm_.get(), &executor_, &timeline_, &stats_, OptionsFromSettings()),
+      options_(OptionsFromSettings()),
+      default_wire_(WireFromSettings()),
+      groups_(WorldGroup(comm_.get(), rank_, &timeline_, &stats_, options_)),
       coordinator_(size_),
       joined_before_(size_, false),
       last_stall_check_(std::chrono::steady_clock::now()),
@@ -126,9 +161,10 @@ void Runtime::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (incoming_.empty() && !stop_requested_) {
-        bool local_work = !pending_.empty() || join_ != nullptr || !scheduler_.idle();
+        const bool idle_here = AllIdle();
+        bool local_work = !pending_.empty() || join_ != nullptr || !idle_here;
         std::chrono::microseconds wait(0);
-        if (!scheduler_.idle()) {
+        if (!idle_here) {
           // transfers in flight: poll
         } else if (!local_work) {
           wait = heartbeat_;
@@ -149,6 +185,23 @@ void Runtime::Loop() {
   }
 }
 
+std::string Runtime::GroupError(const Request& r) const {
+  std::string what = std::string(OpTypeName(r.op)) + " '" + r.name + "'";
+  if ((r.op == OpType::kAddGroup || r.op == OpType::kRemoveGroup) && r.group != 0) {
+    return "mlsl_tf: " + what + " is collective over every rank; it cannot run in group " + std::to_string(r.group);
+  }
+  if (r.group < 0 || r.group >= int(groups_.size()) || groups_[r.group]->removed) {
+    return "mlsl_tf: " + what + " names group " + std::to_string(r.group) +
+           ", which does not exist (create it on every rank with mlsl_tf.Group(ranks) first)";
+  }
+  const Group& g = *groups_[r.group];
+  if (!g.member()) {
+    return "mlsl_tf: rank " + std::to_string(rank_) + " is not a member of group " + std::to_string(r.group) +
+           " (ranks " + RankList(g.ranks) + "), so it cannot run " + what;
+  }
+  return "";
+}
+
 void Runtime::Intake(std::unique_ptr<Request> r) {
   if (r->op == OpType::kJoin) {
     if (join_) {
@@ -158,6 +211,13 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
     join_ = std::move(r);
     return;
   }
+  std::string group_error = GroupError(*r);
+  if (!group_error.empty()) {
+    r->done(Status::InvalidArgument(group_error));
+    return;
+  }
+  // Names are per group: the same program runs in every group (e.g. a model-parallel layer).
+  if (r->group != 0) r->name += " (group " + std::to_string(r->group) + ")";
   if (pending_.count(r->name)) {
     r->done(Status::InvalidArgument("mlsl_tf: a collective named '" + r->name + "' is already pending on rank " +
                                     std::to_string(rank_) + "; concurrent collectives need distinct names"));
@@ -166,7 +226,13 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
   Local local;
   local.submitted = std::chrono::steady_clock::now();
   local.meta = RequestMeta::From(*r);
-  local.meta.local_error = ValidateLocally(*r, size_);
+  bool reduces = r->op == OpType::kAllreduce || r->op == OpType::kReducescatter;
+  if (!reduces || r->dtype != DataType::kFloat32) {
+    local.meta.wire = r->dtype;  // only float32 reductions are compressed
+  } else if (r->wire < 0) {
+    local.meta.wire = default_wire_;
+  }
+  local.meta.local_error = ValidateLocally(*r, int(groups_[r->group]->ranks.size()));
   auto cached = cached_ids_.find(r->name);
   if (cached != cached_ids_.end() && local.meta.local_error.empty() && coordinator_.meta(cached->second) == local.meta) {
     local.state = Local::kReady;
@@ -185,29 +251,44 @@ bool Runtime::Cycle(bool* progress) {
     incoming.swap(incoming_);
     stopping = stop_requested_;
   }
-  const uint64_t started_before = scheduler_.started(), completed_before = scheduler_.completed_prefix();
+  uint64_t started_before = 0, completed_before = 0;
+  for (const auto& g : groups_) {
+    if (!g->member()) continue;
+    started_before += g->scheduler->started();
+    completed_before += g->scheduler->completed_prefix();
+  }
   *progress = !incoming.empty();
   for (auto& r : incoming) Intake(std::move(r));
 
-  // Control layout: [k][flags][joined ranks][shut-down ranks][ready ids] (AND) [units done] (MIN).
+  // Control layout: [k][flags][joined ranks][shut-down ranks][ready ids] (AND)
+  //                 [units done, one word per group] (MIN; a non-member contributes the maximum).
   const int rank_words = Words(size_);
   const int32_t num_ids = coordinator_.num_ids();
+  const int num_groups = int(groups_.size());
   const int64_t flags_at = 1, joined_at = 2, shut_at = 2 + rank_words, ready_at = 2 + 2 * rank_words;
   const int64_t done_at = ready_at + Words(num_ids);
-  std::vector<uint64_t> bits(done_at + 1, ~uint64_t(0));
+  std::vector<uint64_t> bits(done_at + num_groups, ~uint64_t(0));
   bits[0] = uint64_t(done_at - 1);
   if (join_) ClearBit(bits, joined_at, rank_);  // a joined rank is ready for everything
   if (stopping) ClearBit(bits, shut_at, rank_);
-  if (!join_) std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
+  if (!AllIdle()) bits[flags_at] &= ~kNobodyBusy;
+  if (!join_) {
+    std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
+    // Collectives of groups this rank is not in never wait for it.
+    for (int32_t id = 0; id < num_ids; ++id) if (Foreign(id)) SetBit(bits, ready_at, id);
+  }
   for (auto& [name, l] : pending_) {
     if (l.state == Local::kToAnnounce) bits[flags_at] &= ~kNobodyAnnounces;
     if (l.state == Local::kReady && !join_) SetBit(bits, ready_at, l.id);
   }
-  bits[done_at] = scheduler_.completed_prefix();
+  for (int g = 0; g < num_groups; ++g) {
+    if (groups_[g]->member()) bits[done_at + g] = groups_[g]->scheduler->completed_prefix();
+  }
   auto op = comm_->Control(bits.data(), int64_t(bits.size()));
   Status s = Wait(op.get(), [this] {
-    scheduler_.Progress();  // chunks in flight keep moving while the control message travels
-    return !scheduler_.idle();
+    // chunks in flight keep moving while the control message travels
+    for (auto& g : groups_) if (g->member()) g->scheduler->Progress();
+    return !AllIdle();
   });
   if (!s.ok()) {
     Close("mlsl_tf: the background cycle failed: " + s.message());
@@ -241,12 +322,13 @@ bool Runtime::Cycle(bool* progress) {
   joined_before_ = joined;
 
   std::vector<int32_t> agreed;
-  if (!(bits[flags_at] & kNobodyAnnounces)) {
+  const bool nobody_announced = bits[flags_at] & kNobodyAnnounces;
+  if (!nobody_announced) {
     if (!Negotiate(joined, &agreed)) return false;
     *progress = true;
   }
   if (!all_joined) {
-    for (int32_t id = 0; id < num_ids; ++id) if (TestBit(bits, ready_at, id)) agreed.push_back(id);
+    for (int32_t id = 0; id < num_ids; ++id) if (TestBit(bits, ready_at, id) && !Foreign(id)) agreed.push_back(id);
   }
   std::sort(agreed.begin(), agreed.end());
   for (int32_t id : agreed) {
@@ -259,23 +341,85 @@ bool Runtime::Cycle(bool* progress) {
       mine = it->second.request.get();
       submitted = it->second.submitted;
     }
+    if (meta.op == OpType::kAddGroup || meta.op == OpType::kRemoveGroup) {
+      ChangeGroups(meta, mine);
+      continue;
+    }
+    if (meta.group >= int(groups_.size()) || !groups_[meta.group]->member()) continue;
     std::string name = meta.name;
-    scheduler_.Add(id, meta, mine, [this, name](const Status& st) { Finish(name, st); }, submitted);
+    groups_[meta.group]->scheduler->Add(id, meta, mine, [this, name](const Status& st) { Finish(name, st); },
+                                        submitted);
     if (mine) stats_.Request();
   }
-  // Units completed on every rank are common knowledge, so every rank starts the same ones.
-  const uint64_t done_everywhere = bits[done_at];
-  scheduler_.StartUpTo(done_everywhere + uint64_t(scheduler_.options().inflight), joined);
-  scheduler_.Progress();
-  // Join completes in the same cycle everywhere: all joined and nothing left anywhere.
-  if (all_joined && scheduler_.queue_empty() && done_everywhere == scheduler_.started()) {
+  // Units completed on every member are common knowledge, so every member starts the same ones.
+  for (int g = 0; g < num_groups; ++g) {
+    Group& group = *groups_[g];
+    if (!group.member()) continue;
+    std::vector<bool> group_joined(group.ranks.size());
+    for (size_t i = 0; i < group.ranks.size(); ++i) group_joined[i] = joined[group.ranks[i]];
+    group.scheduler->StartUpTo(bits[done_at + g] + uint64_t(options_.inflight), group_joined);
+    group.scheduler->Progress();
+  }
+  // Join completes in the same cycle everywhere: all joined, nothing in flight anywhere and
+  // nothing new -- all three facts come from the control message, so every rank sees them.
+  if (all_joined && nobody_announced && (bits[flags_at] & kNobodyBusy)) {
     FinishJoin(last_joined_);
     std::fill(joined_before_.begin(), joined_before_.end(), false);
     *progress = true;
   }
-  *progress = *progress || scheduler_.started() != started_before ||
-              scheduler_.completed_prefix() != completed_before;
+  uint64_t started_after = 0, completed_after = 0;
+  for (const auto& g : groups_) {
+    if (!g->member()) continue;
+    started_after += g->scheduler->started();
+    completed_after += g->scheduler->completed_prefix();
+  }
+  *progress = *progress || started_after != started_before || completed_after != completed_before;
   return true;
+}
+
+void Runtime::ChangeGroups(const RequestMeta& meta, Request* mine) {
+  Status status;
+  int32_t result = 0;
+  if (meta.op == OpType::kAddGroup) {
+    auto g = std::make_unique<Group>();
+    g->ranks.assign(meta.ranks.begin(), meta.ranks.end());
+    auto at = std::find(g->ranks.begin(), g->ranks.end(), rank_);
+    status = comm_->Split(g->ranks, &g->own);
+    if (at != g->ranks.end() && status.ok()) {
+      g->index = int(at - g->ranks.begin());
+      g->comm = g->own.get();
+      MakeScheduler(g.get());
+    }
+    result = int32_t(groups_.size());
+    coordinator_.SetGroup(result, g->ranks);
+    groups_.push_back(std::move(g));
+  } else {
+    int32_t id = meta.root;
+    if (id <= 0 || id >= int32_t(groups_.size()) || groups_[id]->removed) {
+      status = Status::InvalidArgument("mlsl_tf: remove_group: group " + std::to_string(id) + " does not exist" +
+                                       (id == 0 ? " (group 0, the world, cannot be removed)" : ""));
+    } else {
+      Group& g = *groups_[id];
+      if (g.member()) {
+        g.scheduler->FailAll(Status::Aborted("mlsl_tf: group " + std::to_string(id) +
+                                             " was removed (the collective did not complete)"));
+      }
+      g.removed = true;
+      // The communicator and scheduler stay alive: MPI may still hold their buffers.
+      auto keep = std::make_unique<Group>();
+      keep->own = std::move(g.own);
+      keep->executor = std::move(g.executor);
+      keep->scheduler = std::move(g.scheduler);
+      removed_groups_.push_back(std::move(keep));
+      g.comm = nullptr;
+      result = id;
+    }
+  }
+  if (!mine) return;
+  void* out = nullptr;
+  if (status.ok()) status = mine->allocate_output(0, Shape{}, &out);
+  if (status.ok() && out) *static_cast<int32_t*>(out) = result;
+  Finish(meta.name, status);
 }
 
 bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed) {
@@ -327,7 +471,10 @@ bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
         cached_ids_.erase(d.name);
         if (it != pending_.end() && it->second.state == Local::kAnnounced) Finish(d.name, Status::InvalidArgument(d.error));
         break;
-      case Decision::kAgreed:
+      case Decision::kAgreed: {
+        const RequestMeta& meta = coordinator_.meta(d.id);
+        if (int32_t(foreign_.size()) <= d.id) foreign_.resize(d.id + 1, false);
+        foreign_[d.id] = meta.group > 0 && meta.group < int(groups_.size()) && !groups_[meta.group]->member();
         cached_ids_[d.name] = d.id;
         if (it != pending_.end() && it->second.state == Local::kAnnounced) {
           it->second.state = Local::kReady;
@@ -335,6 +482,7 @@ bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
         }
         agreed->push_back(d.id);
         break;
+      }
     }
   }
   return true;
@@ -363,7 +511,9 @@ void Runtime::Close(const std::string& reason) {
     closed_reason_ = reason;
     incoming.swap(incoming_);
   }
-  scheduler_.FailAll(Status::Aborted(reason + " (the collective did not complete)"));
+  for (auto& g : groups_) {
+    if (g->member()) g->scheduler->FailAll(Status::Aborted(reason + " (the collective did not complete)"));
+  }
   std::vector<std::unique_ptr<Request>> failed;
   for (auto& r : incoming) failed.push_back(std::move(r));
   for (auto& [name, l] : pending_) failed.push_back(std::move(l.request));

@@ -19,6 +19,7 @@
 // While the control message is in flight, the thread keeps testing the chunks in flight.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -52,6 +53,9 @@ class Runtime {
   // Tells every rank this one is leaving, fails what is pending here, joins the thread.
   void Shutdown();
 
+  // Numbers this process's group creations and removals (add_group / remove_group request names).
+  int NextGroupChange() { return group_changes_++; }
+
   int rank() const { return rank_; }
   int size() const { return size_; }
   Topology topology() const { return topology_; }
@@ -59,6 +63,20 @@ class Runtime {
   std::string StatsJson() const { return stats_.Json(); }
 
  private:
+  // A set of ranks with its own communicator, executor and scheduler; group 0 is the world.
+  // Groups are created collectively (an agreed add_group request), so every rank holds the
+  // same list; a rank outside a group keeps only its member list.
+  struct Group {
+    std::vector<int> ranks;  // world ranks, sorted
+    int index = -1;          // this rank's position in ranks; -1 when not a member
+    bool removed = false;
+    std::unique_ptr<Communicator> own;  // null for the world and on non-members
+    Communicator* comm = nullptr;
+    std::unique_ptr<Executor> executor;
+    std::unique_ptr<Scheduler> scheduler;
+    bool member() const { return index >= 0 && !removed; }
+  };
+
   struct Local {
     std::unique_ptr<Request> request;
     RequestMeta meta;
@@ -67,10 +85,19 @@ class Runtime {
     std::chrono::steady_clock::time_point submitted;
   };
 
+  static std::vector<std::unique_ptr<Group>> WorldGroup(Communicator* comm, int rank, Timeline* timeline,
+                                                        Stats* stats, const SchedulerOptions& options);
   void Loop();
   // One cycle; returns false when the runtime has closed. *progress: something moved.
   bool Cycle(bool* progress);
   void Intake(std::unique_ptr<Request> r);
+  // Refuses a request that cannot be announced (unknown group, not a member); "" when fine.
+  std::string GroupError(const Request& r) const;
+  void MakeScheduler(Group* g);
+  bool Foreign(int32_t id) const { return id < int32_t(foreign_.size()) && foreign_[id]; }
+  bool AllIdle() const;
+  // Runs an agreed add_group / remove_group (every rank, same cycle, same order).
+  void ChangeGroups(const RequestMeta& meta, Request* mine);
   bool Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
   void PinToCommCore();
   void Finish(const std::string& name, const Status& s);
@@ -93,10 +120,13 @@ class Runtime {
   std::string closed_reason_;  // non-empty once closed: new requests fail with it
 
   // Owned by the background thread.
-  Executor executor_;
   Timeline timeline_;
   Stats stats_;
-  Scheduler scheduler_;
+  const SchedulerOptions options_;
+  const DataType default_wire_;  // MLSL_TF_WIRE_DTYPE, for float32 reductions
+  std::vector<std::unique_ptr<Group>> groups_;  // by id; [0] is the world
+  std::vector<std::unique_ptr<Group>> removed_groups_;  // kept while MPI may still use their buffers
+  std::vector<bool> foreign_;  // by collective id: belongs to a group this rank is not in
   Coordinator coordinator_;
   std::map<std::string, Local> pending_;
   std::unordered_map<std::string, int32_t> cached_ids_;
@@ -104,6 +134,8 @@ class Runtime {
   std::vector<bool> joined_before_;
   int last_joined_ = -1;
   std::chrono::steady_clock::time_point last_stall_check_;
+
+  std::atomic<int> group_changes_{0};
 
   std::thread thread_;  // last member: starts after everything above exists
 };

@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "reduce.h"
+#include "wire.h"
 
 namespace mlsl {
 
@@ -57,7 +58,8 @@ int64_t Elements(const RequestMeta& m) {
 
 bool SameKind(const RequestMeta& a, const RequestMeta& b) {
   return a.op == OpType::kAllreduce && b.op == OpType::kAllreduce && a.dtype == b.dtype &&
-         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group;
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group &&
+         a.wire == b.wire;
 }
 
 }  // namespace
@@ -162,11 +164,31 @@ void Scheduler::StartChunk(Work* w) {
   unit->bytes = n * int64_t(esize);
   unit->chunk = w->chunks++;
   unit->start = Clock::now();
-  unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op);
+  if (w->meta.dtype == DataType::kFloat32 && IsCompressedWire(w->meta.wire)) {
+    // A two-step chunk: its own communicator per in-flight slot keeps the steps of different
+    // chunks from interleaving differently on different ranks.
+    Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
+    float* data = reinterpret_cast<float*>(w->buf) + w->next;
+    unit->op = slot ? StartWireAllreduce(slot, data, n, w->meta.wire, w->meta.reduce_op) : nullptr;
+    unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
+  } else {
+    unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op);
+  }
   w->next += n;
   w->outstanding++;
   stats_->Chunk(unit->bytes);
   inflight_.push_back(std::move(unit));
+}
+
+Communicator* Scheduler::Slot(int i) {
+  if (slots_.empty()) slots_.resize(options_.inflight);
+  if (!slots_[i]) {
+    std::vector<int> everyone(comm_->size());
+    for (int r = 0; r < comm_->size(); ++r) everyone[r] = r;
+    Status s = comm_->Split(everyone, &slots_[i]);
+    if (!s.ok()) slot_error_ = s;
+  }
+  return slots_[i].get();
 }
 
 void Scheduler::RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined) {
@@ -230,7 +252,7 @@ void Scheduler::Progress() {
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();
     bool done = false;
-    Status s = u->op->Test(&done);
+    Status s = u->op ? u->op->Test(&done) : slot_error_;
     if (!s.ok()) {
       u->work->status = s;
       done = true;

@@ -74,6 +74,8 @@ class Scheduler {
   void RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined);
   void Complete(uint64_t seq);
   void Finalize(Work* w);
+  // The communicator of in-flight slot i for two-step (compressed) chunks, made on first use.
+  Communicator* Slot(int i);
 
   Communicator* comm_;
   Executor* executor_;
@@ -88,6 +90,8 @@ class Scheduler {
   std::set<uint64_t> completed_out_of_order_;
   std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
   Work* last_started_ = nullptr;
+  std::vector<std::unique_ptr<Communicator>> slots_;
+  Status slot_error_;
 };
 
 }  // namespace mlsl

@@ -18,6 +18,8 @@ const std::vector<SettingInfo>& AllSettings() {
        "small allreduces of the same kind are fused into one buffer of up to this many bytes (0 = no fusion)"},
       {"MLSL_TF_PRIORITY", "priority",
        "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served"},
+      {"MLSL_TF_WIRE_DTYPE", "float32",
+       "wire type of float32 allreduces/reducescatters without an explicit compression: float32, bfloat16 or float16"},
       {"MLSL_TF_COMM_CORE", "",
        "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core"},
       {"MLSL_TF_TIMELINE", "",

@@ -48,6 +48,8 @@ const char* OpTypeName(OpType op) {
     case OpType::kReducescatter: return "reducescatter";
     case OpType::kBarrier: return "barrier";
     case OpType::kJoin: return "join";
+    case OpType::kAddGroup: return "add_group";
+    case OpType::kRemoveGroup: return "remove_group";
   }
   return "?";
 }

@@ -21,6 +21,7 @@ enum class ReduceOp : int32_t { kAverage = 0, kSum = 1, kAdasum = 2, kMin = 3, k
 enum class OpType : int32_t {
   kAllreduce = 0, kAllgather = 1, kBroadcast = 2, kAlltoall = 3, kReducescatter = 4,
   kBarrier = 5, kJoin = 6,
+  kAddGroup = 7, kRemoveGroup = 8,  // group management: collective over every rank of the world
 };
 
 using Shape = std::vector<int64_t>;

@@ -39,7 +39,8 @@ inline std::future<Result> Submit(mlsl::Runtime& rt, mlsl::Request r) {
       result->outputs.resize(index + 1);
       result->shapes.resize(index + 1);
     }
-    bool int32_out = (op == mlsl::OpType::kAlltoall && index == 1) || op == mlsl::OpType::kJoin;
+    bool int32_out = (op == mlsl::OpType::kAlltoall && index == 1) || op == mlsl::OpType::kJoin ||
+                     op == mlsl::OpType::kAddGroup || op == mlsl::OpType::kRemoveGroup;
     size_t esize = int32_out ? 4 : mlsl::DataTypeSize(dtype);
     result->outputs[index].assign(mlsl::NumElements(shape) * esize, 0);
     result->shapes[index] = shape;

@@ -1,0 +1,151 @@
+#include "wire.h"
+
+#include <cstring>
+
+#include "half.h"
+#include "reduce.h"
+
+namespace mlsl {
+namespace {
+
+// Reduces n wire elements into the float32 accumulator; decodes through `tmp`.
+void ReduceWireInto(DataType wire, const void* in, float* acc, int64_t n, ReduceOp op, std::vector<float>* tmp) {
+  tmp->resize(n);
+  DecodeWire(wire, in, tmp->data(), n);
+  ReduceInto(acc, tmp->data(), n, DataType::kFloat32, op);
+}
+
+// Elements of slice r when n elements are cut into p near-equal slices (the first n % p get one more).
+std::vector<int64_t> Slices(int64_t n, int p) {
+  std::vector<int64_t> c(p);
+  for (int r = 0; r < p; ++r) c[r] = n / p + (r < n % p ? 1 : 0);
+  return c;
+}
+
+std::vector<int64_t> Scaled(const std::vector<int64_t>& v, int64_t k) {
+  std::vector<int64_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * k;
+  return out;
+}
+
+// Step 1 (all-to-all of encoded slices) and the float32 reduction of this rank's slice; shared by
+// the allreduce and the reduce-scatter.
+class SliceReduce {
+ public:
+  SliceReduce(Communicator* comm, const float* in, std::vector<int64_t> counts, DataType wire, ReduceOp op)
+      : comm_(comm), counts_(std::move(counts)), wire_(wire), op_(op), esize_(WireElementSize(wire)) {
+    int64_t n = 0;
+    for (int64_t c : counts_) n += c;
+    const int p = comm_->size();
+    const int64_t mine = counts_[comm_->rank()];
+    encoded_.resize(n * esize_);
+    EncodeWire(wire_, in, encoded_.data(), n);
+    received_.resize(p * mine * esize_);
+    op_step_ = comm_->Alltoallv(encoded_.data(), Scaled(counts_, esize_), received_.data(),
+                                std::vector<int64_t>(p, mine * int64_t(esize_)));
+  }
+  Status Test(bool* done) { return op_step_->Test(done); }
+  // After Test reported done: acc (counts[rank] elements) = the float32 reduction, in rank order.
+  void Reduce(float* acc) {
+    const int64_t mine = counts_[comm_->rank()];
+    DecodeWire(wire_, received_.data(), acc, mine);
+    for (int r = 1; r < comm_->size(); ++r) {
+      ReduceWireInto(wire_, received_.data() + r * mine * esize_, acc, mine, op_, &tmp_);
+    }
+  }
+  std::vector<char>& encoded() { return encoded_; }
+
+ private:
+  Communicator* comm_;
+  std::vector<int64_t> counts_;
+  DataType wire_;
+  ReduceOp op_;
+  size_t esize_;
+  std::vector<char> encoded_, received_;
+  std::vector<float> tmp_;
+  std::unique_ptr<PendingOp> op_step_;
+};
+
+class WireAllreduce : public PendingOp {
+ public:
+  WireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op)
+      : comm_(comm), buf_(buf), n_(n), wire_(wire), counts_(Slices(n, comm->size())),
+        slices_(comm, buf, counts_, wire, op) {}
+
+  Status Test(bool* done) override {
+    *done = false;
+    if (!gather_) {
+      bool step_done = false;
+      Status s = slices_.Test(&step_done);
+      if (!s.ok() || !step_done) return s;
+      const int64_t mine = counts_[comm_->rank()];
+      std::vector<float> acc(mine);
+      slices_.Reduce(acc.data());
+      const size_t esize = WireElementSize(wire_);
+      reduced_.resize(mine * esize);
+      EncodeWire(wire_, acc.data(), reduced_.data(), mine);
+      gather_ = comm_->Allgatherv(reduced_.data(), slices_.encoded().data(), Scaled(counts_, esize));
+    }
+    Status s = gather_->Test(done);
+    if (s.ok() && *done) DecodeWire(wire_, slices_.encoded().data(), buf_, n_);
+    return s;
+  }
+
+ private:
+  Communicator* comm_;
+  float* buf_;
+  int64_t n_;
+  DataType wire_;
+  std::vector<int64_t> counts_;
+  SliceReduce slices_;
+  std::vector<char> reduced_;
+  std::unique_ptr<PendingOp> gather_;
+};
+
+}  // namespace
+
+bool IsCompressedWire(DataType wire) { return wire == DataType::kBfloat16 || wire == DataType::kFloat16; }
+
+size_t WireElementSize(DataType wire) { return IsCompressedWire(wire) ? 2 : 4; }
+
+void EncodeWire(DataType wire, const float* in, void* out, int64_t n) {
+  uint16_t* o = static_cast<uint16_t*>(out);
+  if (wire == DataType::kBfloat16) {
+    for (int64_t i = 0; i < n; ++i) o[i] = FloatToBf16(in[i]);
+  } else if (wire == DataType::kFloat16) {
+    for (int64_t i = 0; i < n; ++i) o[i] = FloatToFp16(in[i]);
+  } else if (n) {
+    std::memcpy(out, in, n * sizeof(float));
+  }
+}
+
+void DecodeWire(DataType wire, const void* in, float* out, int64_t n) {
+  const uint16_t* h = static_cast<const uint16_t*>(in);
+  if (wire == DataType::kBfloat16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(h[i]);
+  } else if (wire == DataType::kFloat16) {
+    for (int64_t i = 0; i < n; ++i) out[i] = Fp16ToFloat(h[i]);
+  } else if (n) {
+    std::memcpy(out, in, n * sizeof(float));
+  }
+}
+
+std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op) {
+  return std::make_unique<WireAllreduce>(comm, buf, n, wire, op);
+}
+
+Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,
+                         DataType wire, ReduceOp op) {
+  SliceReduce slices(comm, in, counts, wire, op);
+  struct Step : PendingOp {
+    SliceReduce* s;
+    Status Test(bool* d) override { return s->Test(d); }
+  } step;
+  step.s = &slices;
+  Status s = Wait(&step);
+  if (!s.ok()) return s;
+  slices.Reduce(out);
+  return s;
+}
+
+}  // namespace mlsl

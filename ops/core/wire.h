@@ -1,0 +1,38 @@
+// Compressed collectives: float32 data that travels as a 16-bit wire type (bfloat16 or
+// float16) while every sum is accumulated in float32. Each element is rounded once on the way
+// in and once on the way out, however many ranks there are:
+//   encode -> all-to-all of 16-bit slices -> float32 reduction of my slice -> encode -> allgather -> decode
+// (a reduce-scatter by all-to-all, then an allgather). Per-hop schemes (ring or tree reductions
+// of 16-bit data) round at every hop instead, so their error grows with the number of ranks.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "communicator.h"
+#include "status.h"
+#include "types.h"
+
+namespace mlsl {
+
+// True for the wire types a float32 collective can be compressed to.
+bool IsCompressedWire(DataType wire);
+size_t WireElementSize(DataType wire);  // 2 for bfloat16 / float16, 4 for float32
+
+// Round-to-nearest-even conversions between float32 and a 16-bit wire type.
+void EncodeWire(DataType wire, const float* in, void* out, int64_t n);
+void DecodeWire(DataType wire, const void* in, float* out, int64_t n);
+
+// In place on buf (n float32 elements): the reduction over every rank of comm, with the
+// data travelling as `wire`. Nonblocking: the returned op runs its two steps as it is tested.
+// The caller must start these ops on a communicator in the same order on every rank and must
+// not start anything else on that communicator while one is in flight.
+std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op);
+
+// Blocking reduce-scatter of float32 data through `wire`: in holds sum(counts) elements, out
+// receives this rank's counts[rank] elements of the float32 reduction (rounded once, on the way in).
+Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,
+                         DataType wire, ReduceOp op);
+
+}  // namespace mlsl
