@@ -1,10 +1,17 @@
 """mlsl_tf for Keras 3, with the names of horovod.tensorflow.keras (`import mlsl_tf.keras as hvd`):
-the basic API, DistributedOptimizer, load_model and `callbacks`."""
+the basic API, DistributedOptimizer, load_model and `callbacks`.
+
+Keras' interactive output (the progress bars and epoch lines of fit/evaluate/predict,
+model.summary) is printed by rank 0 only: `init()` here, or importing this module after
+mlsl_tf.init(), sends it to absl logging (not shown by default) on the other ranks, so that
+`model.fit(..., verbose=1)` needs no `if hvd.rank() == 0`. `set_progress_output("all")` asks for
+it on every rank again."""
 
 import keras
 
-from mlsl_tf.basics import (cross_rank, cross_size, init, is_initialized, local_rank, local_size,
-                            mpi_threads_supported, rank, shutdown, size)
+from mlsl_tf import basics
+from mlsl_tf.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size, mpi_threads_supported,
+                            rank, shutdown, size)
 from mlsl_tf.compression import Compression
 from mlsl_tf.functions import allgather_object, broadcast_object, broadcast_variables
 from mlsl_tf.keras import callbacks
@@ -12,6 +19,33 @@ from mlsl_tf.ops import (Average, Max, Min, Product, Sum, allgather, allreduce, 
                          grouped_allreduce, join, reducescatter)
 from mlsl_tf.optimizer import DistributedOptimizer, is_distributed
 from mlsl_tf.tape import DistributedGradientTape
+
+
+def init(*args, **kwargs):
+    """mlsl_tf.init (same arguments), then `set_progress_output(0)`: Keras prints on rank 0 only."""
+    basics.init(*args, **kwargs)
+    set_progress_output(0)
+
+
+def set_progress_output(ranks=0):
+    """Chooses which ranks print Keras' interactive output (progress bars, epoch lines,
+    model.summary): a rank, a list of ranks, or "all". On the others Keras writes it to absl
+    logging at INFO level instead of stdout. Keras keeps this switch per thread: call it from
+    the thread that runs fit."""
+    if isinstance(ranks, str):
+        if ranks != "all":
+            raise ValueError(f"set_progress_output: ranks must be a rank, a list of ranks or 'all', got {ranks!r}")
+        show = True
+    else:
+        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+        bad = [r for r in chosen if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < size()]
+        if bad:
+            raise ValueError(f"set_progress_output: ranks must be ranks in [0, {size()}) or 'all', got {ranks!r}")
+        show = rank() in chosen
+    if show:
+        keras.config.enable_interactive_logging()
+    else:
+        keras.config.disable_interactive_logging()
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, **kwargs):
@@ -37,5 +71,9 @@ __all__ = [
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
     "broadcast_variables", "callbacks", "cross_rank", "cross_size", "grouped_allreduce", "init", "is_distributed",
     "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_threads_supported", "rank",
-    "reducescatter", "shutdown", "size",
+    "reducescatter", "set_progress_output", "shutdown", "size",
 ]
+
+
+if is_initialized():  # mlsl_tf.init() ran before this import
+    set_progress_output(0)

@@ -18,6 +18,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     state. The optimizer is built first if it is not yet, so its state (slots, iteration count)
     agrees before step 1, not only after it as with Horovod. Put it first in `callbacks`.
 
+    A model whose weights do not exist yet when fit starts (a Sequential without an Input, a
+    subclassed model never called) creates them inside the first step; its weights and
+    optimizer state are broadcast right after that step instead, as Horovod does.
+
     mlsl_tf's collectives have no XLA kernels, so a model whose train step would be
     XLA-compiled (Keras' jit_compile="auto" on a GPU) is switched to jit_compile=False here."""
 
@@ -27,9 +31,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         self.device = device
         self.broadcast_done = False
 
-    def on_train_begin(self, logs=None):
-        if self.broadcast_done:
-            return
+    def _broadcast(self):
         model = self.model
         optimizer = getattr(model, "optimizer", None)
         variables = list(model.variables)
@@ -40,10 +42,19 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             variables += list(optimizer.variables)
         broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
+
+    def on_train_begin(self, logs=None):
+        model = self.model
         if getattr(model, "jit_compile", False):
             warnings.warn("mlsl_tf: collectives cannot be XLA-compiled; training with jit_compile=False")
             model.jit_compile = False
             model.make_train_function(force=True)
+        if not self.broadcast_done and model.built and model.variables:
+            self._broadcast()
+
+    def on_train_batch_end(self, batch, logs=None):
+        if not self.broadcast_done:  # the weights were created by the first step
+            self._broadcast()
 
 
 class MetricAverageCallback(keras.callbacks.Callback):

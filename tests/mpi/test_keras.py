@@ -267,3 +267,58 @@ def test_two_optimizers_and_a_persistent_tape_in_one_step():
         for k in ("a", "b"):
             _assert_close(models["opt_" + k].get_weights(), models["ref_" + k].get_weights())
             _assert_close(models["tape_" + k].get_weights(), models["ref_" + k].get_weights())
+
+
+def test_broadcast_callback_for_a_model_built_in_its_first_step():
+    """No Input: the weights appear inside the first step, and are broadcast right after it."""
+    x, y = _data(steps=3)
+    keras.utils.set_random_seed(30 + R)
+    model = keras.Sequential([keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(1)])
+    model.compile(optimizer=DistributedOptimizer(keras.optimizers.Adam(0.01)), loss="mse")
+    assert not model.built
+    model.fit(_shard(x), _shard(y), batch_size=B, epochs=1, shuffle=False, verbose=0,
+              callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
+    assert len(model.get_weights()) == 4
+    _assert_same_on_all_ranks(model.get_weights() + [v.numpy() for v in model.optimizer.variables])
+
+
+def test_checkpoint_written_by_rank_0_only():
+    x, y = _data(steps=1)
+    directory = tempfile.mkdtemp()  # each rank its own: what the other ranks would write shows
+    try:
+        model = _model()
+        model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+        model.fit(_shard(x), _shard(y), batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[
+            hvd.callbacks.ModelCheckpoint(os.path.join(directory, "w-{epoch}.weights.h5"), save_weights_only=True)])
+        assert sorted(os.listdir(directory)) == (["w-1.weights.h5", "w-2.weights.h5"] if R == 0 else [])
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def test_keras_progress_output_only_on_rank_0_unless_asked(capfd):
+    x, y = _data(steps=1)
+    model = _model()
+    model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+
+    def printed():
+        capfd.readouterr()
+        model.fit(_shard(x), _shard(y), batch_size=B, epochs=1, verbose=2)
+        model.summary()
+        return capfd.readouterr().out
+
+    try:
+        out = printed()
+        if R == 0:
+            assert "loss:" in out and "Total params" in out
+        else:
+            assert out == ""
+        hvd.set_progress_output("all")
+        assert "loss:" in printed()
+        hvd.set_progress_output([N - 1])
+        assert ("loss:" in printed()) == (R == N - 1)
+    finally:
+        hvd.set_progress_output(0)
+    with pytest.raises(ValueError, match="set_progress_output"):
+        hvd.set_progress_output(N)
+    with pytest.raises(ValueError, match="set_progress_output"):
+        hvd.set_progress_output("rank0")

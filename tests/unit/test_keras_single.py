@@ -192,3 +192,49 @@ def test_broadcast_callback_turns_off_xla():
     with pytest.warns(UserWarning, match="jit_compile=False"):
         model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0)])
     assert not model.jit_compile
+
+
+def test_checkpoint_is_atomic_when_a_save_fails(tmp_path):
+    x, y = _data()
+    model = _model()
+    model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.1)), loss="mse")
+    path = str(tmp_path / "model.keras")
+    checkpoint = hvd.callbacks.ModelCheckpoint(path)
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[checkpoint])
+    good = open(path, "rb").read()
+
+    def broken_save(filepath, overwrite=True):
+        with open(filepath, "wb") as f:
+            f.write(b"half a checkpoint")  # what a crash mid-write would leave
+        raise OSError("disk full")
+
+    model.save = broken_save
+    with pytest.raises(OSError, match="disk full"):
+        checkpoint.on_epoch_end(1, {"loss": 0.5})
+    assert os.listdir(tmp_path) == ["model.keras"] and open(path, "rb").read() == good
+    assert keras.models.load_model(path).get_weights()[0].shape == (4, 8)
+
+
+def test_checkpoint_bad_arguments():
+    with pytest.raises(ValueError, match=r"\.weights\.h5"):
+        hvd.callbacks.ModelCheckpoint("w.keras", save_weights_only=True)
+    with pytest.raises(ValueError, match="save_freq"):
+        hvd.callbacks.ModelCheckpoint("m.keras", save_freq=0)
+    with pytest.raises(ValueError, match="mode"):
+        hvd.callbacks.ModelCheckpoint("m.keras", mode="up")
+
+
+def test_progress_output_switch(capfd):
+    model = _model()
+    try:
+        hvd.set_progress_output([])  # no rank prints: not even rank 0
+        model.summary()
+        assert capfd.readouterr().out == ""
+        hvd.set_progress_output(0)
+        model.summary()
+        assert "Total params" in capfd.readouterr().out
+    finally:
+        hvd.set_progress_output(0)
+    for bad in (1, -1, "everyone", [0, 2], True):
+        with pytest.raises(ValueError, match="set_progress_output"):
+            hvd.set_progress_output(bad)
