@@ -17,6 +17,8 @@ _EXPORTS = {
                        "shutdown", "size"],
     "mlsl_tf.compression": ["Compression"],
     "mlsl_tf.functions": ["allgather_object", "broadcast_object", "broadcast_variables"],
+    "mlsl_tf.optimizer": ["DistributedOptimizer"],
+    "mlsl_tf.tape": ["DistributedGradientTape"],
     "mlsl_tf.ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "alltoall",
                     "barrier", "broadcast", "grouped_allreduce", "join", "reducescatter"],
 }

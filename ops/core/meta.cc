@@ -64,6 +64,7 @@ RequestMeta RequestMeta::From(const Request& r) {
   m.priority = r.priority;
   m.group = r.group;
   m.wire = r.wire >= 0 && ValidDataType(r.wire) ? DataType(r.wire) : r.dtype;
+  m.error_feedback = r.error_feedback;
   m.ranks.assign(r.ranks.begin(), r.ranks.end());
   std::sort(m.ranks.begin(), m.ranks.end());
   for (const TensorInput& t : r.inputs) {
@@ -104,6 +105,9 @@ std::string RequestMeta::Difference(const RequestMeta& o) const {
   if (priority != o.priority) return "priority " + std::to_string(priority) + " vs " + std::to_string(o.priority);
   if (group != o.group) return "group " + std::to_string(group) + " vs " + std::to_string(o.group);
   if (wire != o.wire) return std::string("wire dtype ") + DataTypeName(wire) + " vs " + DataTypeName(o.wire);
+  if (error_feedback != o.error_feedback) {
+    return std::string("error feedback ") + (error_feedback ? "on" : "off") + " vs " + (o.error_feedback ? "on" : "off");
+  }
   if (ranks != o.ranks) return "group ranks " + ShapeString(Shape(ranks.begin(), ranks.end())) + " vs " +
                                ShapeString(Shape(o.ranks.begin(), o.ranks.end()));
   if (local_error != o.local_error) return "input validity";
@@ -130,6 +134,7 @@ void SerializeMetas(const std::vector<RequestMeta>& metas, std::string* out) {
     w.Put<int32_t>(m.priority);
     w.Put<int32_t>(m.group);
     w.Put<int32_t>(int32_t(m.wire));
+    w.Put<int32_t>(m.error_feedback ? 1 : 0);
     w.Put<uint32_t>(uint32_t(m.ranks.size()));
     for (int32_t v : m.ranks) w.Put<int32_t>(v);
     w.Put<uint32_t>(uint32_t(m.shapes.size()));
@@ -147,10 +152,10 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out) {
   if (!r.Get(&n)) return false;
   for (uint32_t i = 0; i < n; ++i) {
     RequestMeta m;
-    int32_t op, dtype, reduce, wire;
+    int32_t op, dtype, reduce, wire, feedback;
     uint32_t nshapes, nranks;
     if (!r.Str(&m.name) || !r.Get(&op) || !r.Get(&dtype) || !r.Get(&reduce) || !r.Get(&m.prescale) ||
-        !r.Get(&m.postscale) || !r.Get(&m.root) || !r.Get(&m.priority) || !r.Get(&m.group) || !r.Get(&wire) ||
+        !r.Get(&m.postscale) || !r.Get(&m.root) || !r.Get(&m.priority) || !r.Get(&m.group) || !r.Get(&wire) || !r.Get(&feedback) ||
         !r.Get(&nranks)) {
       return false;
     }
@@ -158,6 +163,7 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out) {
     for (auto& v : m.ranks) if (!r.Get(&v)) return false;
     if (!r.Get(&nshapes)) return false;
     m.wire = DataType(wire);
+    m.error_feedback = feedback != 0;
     m.op = OpType(op);
     m.dtype = DataType(dtype);
     m.reduce_op = ReduceOp(reduce);

@@ -20,6 +20,7 @@ struct RequestMeta {
   double prescale = 1.0, postscale = 1.0;
   int32_t root = 0, priority = 0, group = 0;
   DataType wire = DataType::kFloat32;  // what travels: dtype itself unless compressed (runtime sets it)
+  bool error_feedback = false;
   std::vector<Shape> shapes;
   std::vector<int32_t> ranks;  // add_group: the sorted member ranks
   std::string local_error;  // this rank's own input was invalid; reported to every rank

@@ -28,6 +28,7 @@ struct Request {
   int priority = 0;  // lower = more urgent
   int group = 0;     // 0 = all ranks
   int wire = -1;     // reducing float32 collectives: the DataType on the wire; -1 = MLSL_TF_WIRE_DTYPE
+  bool error_feedback = false;  // compressed allreduce: keep what rounding lost, add it next time
   std::vector<int> ranks;  // add_group: the member ranks (world ranks)
   std::vector<TensorInput> inputs;  // several only for grouped allreduce; none for barrier/join
   std::vector<int64_t> splits;      // alltoall: rows sent to each rank; empty = equal split

@@ -29,6 +29,7 @@ struct Scheduler::Work {
   bool prepared = false;
   char* buf = nullptr;
   std::vector<char> own;
+  std::vector<float> res_in, res_out;  // error feedback: the parts' residuals, packed like buf
   int64_t total = 0, next = 0;  // elements
   int outstanding = 0, chunks = 0;
   Status status;
@@ -59,7 +60,7 @@ int64_t Elements(const RequestMeta& m) {
 bool SameKind(const RequestMeta& a, const RequestMeta& b) {
   return a.op == OpType::kAllreduce && b.op == OpType::kAllreduce && a.dtype == b.dtype &&
          a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group &&
-         a.wire == b.wire;
+         a.wire == b.wire && a.error_feedback == b.error_feedback;
 }
 
 }  // namespace
@@ -152,6 +153,16 @@ void Scheduler::Prepare(Work* w) {
     }
     ScaleInPlace(dst, n, w->meta.dtype, w->meta.prescale);
   }
+  if (w->meta.error_feedback && IsCompressedWire(w->meta.wire) && w->meta.dtype == DataType::kFloat32) {
+    w->res_in.assign(w->total, 0.0f);
+    w->res_out.assign(w->total, 0.0f);
+    for (Part& p : w->parts) {
+      auto it = residuals_.find(p.name);
+      if (!p.request || it == residuals_.end() || int64_t(it->second.first.size()) != p.count) continue;
+      std::copy(it->second.first.begin(), it->second.first.end(), w->res_in.begin() + p.offset);
+      std::copy(it->second.second.begin(), it->second.second.end(), w->res_out.begin() + p.offset);
+    }
+  }
 }
 
 void Scheduler::StartChunk(Work* w) {
@@ -169,7 +180,9 @@ void Scheduler::StartChunk(Work* w) {
     // chunks from interleaving differently on different ranks.
     Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
-    unit->op = slot ? StartWireAllreduce(slot, data, n, w->meta.wire, w->meta.reduce_op) : nullptr;
+    float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
+    float* res_out = w->res_out.empty() ? nullptr : w->res_out.data() + w->next;
+    unit->op = slot ? StartWireAllreduce(slot, data, n, w->meta.wire, w->meta.reduce_op, res_in, res_out) : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
     unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op);
@@ -288,6 +301,11 @@ void Scheduler::Finalize(Work* w) {
         if (count && p.outputs[i] != src + n * esize) std::memcpy(p.outputs[i], src + n * esize, count * esize);
         n += count;
       }
+    }
+    if (w->status.ok() && !w->res_in.empty()) {
+      auto& kept = residuals_[p.name];
+      kept.first.assign(w->res_in.begin() + p.offset, w->res_in.begin() + p.offset + p.count);
+      kept.second.assign(w->res_out.begin() + p.offset, w->res_out.begin() + p.offset + p.count);
     }
     if (timeline_->enabled()) timeline_->Instant(p.name, "done", "queue", Clock::now());
     p.finish(w->status);

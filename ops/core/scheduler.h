@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -91,6 +92,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
   Work* last_started_ = nullptr;
   std::vector<std::unique_ptr<Communicator>> slots_;
+  // Error feedback: by collective name, the input and output rounding residuals.
+  std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> residuals_;
   Status slot_error_;
 };
 

@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "bf16.h"
 #include "half.h"
 #include "reduce.h"
 
@@ -10,6 +11,10 @@ namespace {
 
 // Reduces n wire elements into the float32 accumulator; decodes through `tmp`.
 void ReduceWireInto(DataType wire, const void* in, float* acc, int64_t n, ReduceOp op, std::vector<float>* tmp) {
+  if (wire == DataType::kBfloat16 && (op == ReduceOp::kSum || op == ReduceOp::kAverage)) {
+    AccumulateBf16(static_cast<const uint16_t*>(in), acc, n);
+    return;
+  }
   tmp->resize(n);
   DecodeWire(wire, in, tmp->data(), n);
   ReduceInto(acc, tmp->data(), n, DataType::kFloat32, op);
@@ -22,6 +27,19 @@ std::vector<int64_t> Slices(int64_t n, int p) {
   return c;
 }
 
+// Rounds in (+ residual) to the wire; the residual becomes what the rounding lost.
+void EncodeWithFeedback(DataType wire, const float* in, float* residual, void* out, int64_t n) {
+  if (!residual) {
+    EncodeWire(wire, in, out, n);
+    return;
+  }
+  std::vector<float> corrected(n), back(n);
+  for (int64_t i = 0; i < n; ++i) corrected[i] = in[i] + residual[i];
+  EncodeWire(wire, corrected.data(), out, n);
+  DecodeWire(wire, out, back.data(), n);
+  for (int64_t i = 0; i < n; ++i) residual[i] = corrected[i] - back[i];
+}
+
 std::vector<int64_t> Scaled(const std::vector<int64_t>& v, int64_t k) {
   std::vector<int64_t> out(v.size());
   for (size_t i = 0; i < v.size(); ++i) out[i] = v[i] * k;
@@ -32,14 +50,15 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& v, int64_t k) {
 // the allreduce and the reduce-scatter.
 class SliceReduce {
  public:
-  SliceReduce(Communicator* comm, const float* in, std::vector<int64_t> counts, DataType wire, ReduceOp op)
+  SliceReduce(Communicator* comm, const float* in, std::vector<int64_t> counts, DataType wire, ReduceOp op,
+              float* res_in = nullptr)
       : comm_(comm), counts_(std::move(counts)), wire_(wire), op_(op), esize_(WireElementSize(wire)) {
     int64_t n = 0;
     for (int64_t c : counts_) n += c;
     const int p = comm_->size();
     const int64_t mine = counts_[comm_->rank()];
     encoded_.resize(n * esize_);
-    EncodeWire(wire_, in, encoded_.data(), n);
+    EncodeWithFeedback(wire_, in, res_in, encoded_.data(), n);
     received_.resize(p * mine * esize_);
     op_step_ = comm_->Alltoallv(encoded_.data(), Scaled(counts_, esize_), received_.data(),
                                 std::vector<int64_t>(p, mine * int64_t(esize_)));
@@ -68,9 +87,9 @@ class SliceReduce {
 
 class WireAllreduce : public PendingOp {
  public:
-  WireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op)
-      : comm_(comm), buf_(buf), n_(n), wire_(wire), counts_(Slices(n, comm->size())),
-        slices_(comm, buf, counts_, wire, op) {}
+  WireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op, float* res_in, float* res_out)
+      : comm_(comm), buf_(buf), n_(n), wire_(wire), res_out_(res_out), counts_(Slices(n, comm->size())),
+        slices_(comm, buf, counts_, wire, op, res_in) {}
 
   Status Test(bool* done) override {
     *done = false;
@@ -83,7 +102,9 @@ class WireAllreduce : public PendingOp {
       slices_.Reduce(acc.data());
       const size_t esize = WireElementSize(wire_);
       reduced_.resize(mine * esize);
-      EncodeWire(wire_, acc.data(), reduced_.data(), mine);
+      int64_t first = 0;
+      for (int r = 0; r < comm_->rank(); ++r) first += counts_[r];
+      EncodeWithFeedback(wire_, acc.data(), res_out_ ? res_out_ + first : nullptr, reduced_.data(), mine);
       gather_ = comm_->Allgatherv(reduced_.data(), slices_.encoded().data(), Scaled(counts_, esize));
     }
     Status s = gather_->Test(done);
@@ -96,6 +117,7 @@ class WireAllreduce : public PendingOp {
   float* buf_;
   int64_t n_;
   DataType wire_;
+  float* res_out_;
   std::vector<int64_t> counts_;
   SliceReduce slices_;
   std::vector<char> reduced_;
@@ -111,7 +133,7 @@ size_t WireElementSize(DataType wire) { return IsCompressedWire(wire) ? 2 : 4; }
 void EncodeWire(DataType wire, const float* in, void* out, int64_t n) {
   uint16_t* o = static_cast<uint16_t*>(out);
   if (wire == DataType::kBfloat16) {
-    for (int64_t i = 0; i < n; ++i) o[i] = FloatToBf16(in[i]);
+    Fp32ToBf16(in, o, n);
   } else if (wire == DataType::kFloat16) {
     for (int64_t i = 0; i < n; ++i) o[i] = FloatToFp16(in[i]);
   } else if (n) {
@@ -122,7 +144,7 @@ void EncodeWire(DataType wire, const float* in, void* out, int64_t n) {
 void DecodeWire(DataType wire, const void* in, float* out, int64_t n) {
   const uint16_t* h = static_cast<const uint16_t*>(in);
   if (wire == DataType::kBfloat16) {
-    for (int64_t i = 0; i < n; ++i) out[i] = Bf16ToFloat(h[i]);
+    Bf16ToFp32(h, out, n);
   } else if (wire == DataType::kFloat16) {
     for (int64_t i = 0; i < n; ++i) out[i] = Fp16ToFloat(h[i]);
   } else if (n) {
@@ -130,8 +152,9 @@ void DecodeWire(DataType wire, const void* in, float* out, int64_t n) {
   }
 }
 
-std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op) {
-  return std::make_unique<WireAllreduce>(comm, buf, n, wire, op);
+std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op,
+                                              float* res_in, float* res_out) {
+  return std::make_unique<WireAllreduce>(comm, buf, n, wire, op, res_in, res_out);
 }
 
 Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,

@@ -25,10 +25,13 @@ void EncodeWire(DataType wire, const float* in, void* out, int64_t n);
 void DecodeWire(DataType wire, const void* in, float* out, int64_t n);
 
 // In place on buf (n float32 elements): the reduction over every rank of comm, with the
-// data travelling as `wire`. Nonblocking: the returned op runs its two steps as it is tested.
+// data travelling as `wire`. Error feedback, when res_in / res_out (n elements each, aligned
+// with buf) are given: res_in is added to the input before it is rounded and becomes what that
+// rounding lost; res_out does the same for the rounding of this rank's slice of the sum. Nonblocking: the returned op runs its two steps as it is tested.
 // The caller must start these ops on a communicator in the same order on every rank and must
 // not start anything else on that communicator while one is in flight.
-std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op);
+std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op,
+                                              float* res_in = nullptr, float* res_out = nullptr);
 
 // Blocking reduce-scatter of float32 data through `wire`: in holds sum(counts) elements, out
 // receives this rank's counts[rank] elements of the float32 reduction (rounded once, on the way in).

@@ -69,6 +69,18 @@ class CollectiveKernel : public AsyncOpKernel {
     if (c->HasAttr("prescale_factor")) OP_REQUIRES_OK(c, c->GetAttr("prescale_factor", &prescale_));
     if (c->HasAttr("postscale_factor")) OP_REQUIRES_OK(c, c->GetAttr("postscale_factor", &postscale_));
     if (c->HasAttr("root_rank")) OP_REQUIRES_OK(c, c->GetAttr("root_rank", &root_));
+    if (c->HasAttr("wire_dtype")) {
+      // '' = MLSL_TF_WIRE_DTYPE; 'none'/'float32' = uncompressed; 'bfloat16' / 'float16'.
+      std::string w;
+      OP_REQUIRES_OK(c, c->GetAttr("wire_dtype", &w));
+      if (w == "none" || w == "float32") wire_ = int(mlsl::DataType::kFloat32);
+      else if (w == "bfloat16") wire_ = int(mlsl::DataType::kBfloat16);
+      else if (w == "bfloat16_ef") wire_ = int(mlsl::DataType::kBfloat16), error_feedback_ = true;
+      else if (w == "float16") wire_ = int(mlsl::DataType::kFloat16);
+      else OP_REQUIRES(c, w.empty(), tensorflow::errors::InvalidArgument(
+                                         "wire_dtype must be '', 'none', 'float32', 'bfloat16', 'bfloat16_ef' or "
+                                         "'float16', not '", w, "'"));
+    }
   }
 
  protected:
@@ -83,6 +95,8 @@ class CollectiveKernel : public AsyncOpKernel {
     r->root = root_;
     r->priority = priority_;
     r->group = group_;
+    r->wire = wire_;
+    r->error_feedback = error_feedback_;
     for (int i = first; i < first + count; ++i) {
       const Tensor& t = ctx->input(i);
       r->inputs.push_back(mlsl::TensorInput{t.tensor_data().data(), ShapeOf(t)});
@@ -127,7 +141,8 @@ class CollectiveKernel : public AsyncOpKernel {
 
   const mlsl::OpType op_;
   std::string tensor_name_;
-  int priority_ = 0, group_ = 0, root_ = 0;
+  int priority_ = 0, group_ = 0, root_ = 0, wire_ = -1;
+  bool error_feedback_ = false;
   mlsl::ReduceOp reduce_op_ = mlsl::ReduceOp::kSum;
   float prescale_ = 1.0f, postscale_ = 1.0f;
 };
