@@ -19,6 +19,8 @@ _EXPORTS = {
     "mlsl_tf.functions": ["allgather_object", "broadcast_object", "broadcast_variables"],
     "mlsl_tf.groups": ["Group", "ProcessSet", "add_process_set", "global_process_set", "process_set_by_id",
                        "process_sets", "remove_process_set"],
+    "mlsl_tf.optimizer": ["DistributedOptimizer"],
+    "mlsl_tf.tape": ["DistributedGradientTape"],
     "mlsl_tf.ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "alltoall",
                     "barrier", "broadcast", "grouped_allreduce", "join", "reducescatter"],
 }

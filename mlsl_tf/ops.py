@@ -82,13 +82,21 @@ def _group_rank_and_size(process_set):
     return group_rank_and_size(group_id)
 
 
+def _check_feedback_name(compression, tensor_name):
+    if compression.error_feedback and not tensor_name:
+        raise ValueError("Compression.bf16_ef keeps a residual per collective name: eager calls need name=")
+
+
 def _allreduce(tensor, op=Sum, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None,
-               ignore_name_scope=False, priority=0):
-    """The raw op: no compression, no IndexedSlices handling."""
+               ignore_name_scope=False, priority=0, compression=Compression.none):
+    """The raw op: no IndexedSlices handling; `compression` only chooses the wire dtype (and
+    error feedback), casting compressors are applied by the caller."""
+    tensor_name = _tensor_name(name, "MlslAllreduce", ignore_name_scope)
+    _check_feedback_name(compression, tensor_name)
     return _ops().mlsl_allreduce(
         tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        tensor_name=_tensor_name(name, "MlslAllreduce", ignore_name_scope),
-        priority=priority, process_set_id=_group_id(process_set))
+        tensor_name=tensor_name, priority=priority, process_set_id=_group_id(process_set),
+        wire_dtype=compression.wire)
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
@@ -113,7 +121,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set, ignore_name_scope,
-                         priority)
+                         priority, compression)
     return compression.decompress(reduced, ctx)
 
 
@@ -135,10 +143,12 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     for k, (dtype, idx) in enumerate(sorted(by_dtype.items(), key=lambda kv: kv[0].name)):
         group = [compressed[i][0] for i in idx]
         base = None if name is None else (name if len(by_dtype) == 1 else f"{name}.{dtype.name}")
+        tensor_name = _tensor_name(base, "MlslGroupedAllreduce", ignore_name_scope)
+        _check_feedback_name(compression, tensor_name)
         out = _ops().mlsl_grouped_allreduce(
             group, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-            tensor_name=_tensor_name(base, "MlslGroupedAllreduce", ignore_name_scope),
-            priority=priority, process_set_id=_group_id(process_set))
+            tensor_name=tensor_name, priority=priority, process_set_id=_group_id(process_set),
+            wire_dtype=compression.wire)
         for i, o in zip(idx, out):
             results[i] = compression.decompress(o, compressed[i][1])
     return results
@@ -175,17 +185,21 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
 
 
 def reducescatter(tensor, op=Average, name=None, process_set=None, ignore_name_scope=False, prescale_factor=1.0,
-                  postscale_factor=1.0, priority=0, group=None):
+                  postscale_factor=1.0, priority=0, group=None, compression=Compression.none):
     """Reduces over all ranks; rank r keeps the r-th block of rows (the first dim0 % size ranks
     get one row more). With `group` (alias of `process_set`): over the members, member i (its
-    index in the group) keeping the i-th block; Average divides by the group's size."""
+    index in the group) keeping the i-th block; Average divides by the group's size. With
+    Compression.bf16, float32 data travels as bfloat16 and is summed in float32 (rounded once,
+    on the way in)."""
     process_set = _group(process_set, group)
     op = _resolve_op(op, None)
     tensor = tf.convert_to_tensor(tensor)
-    return _ops().mlsl_reducescatter(
-        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+    compressed, ctx = compression.compress(tensor)
+    out = _ops().mlsl_reducescatter(
+        compressed, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         tensor_name=_tensor_name(name, "MlslReducescatter", ignore_name_scope),
-        priority=priority, process_set_id=_group_id(process_set))
+        priority=priority, process_set_id=_group_id(process_set), wire_dtype=compression.wire)
+    return compression.decompress(out, ctx)
 
 
 def barrier(process_set=None, name=None, group=None):
