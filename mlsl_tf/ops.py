@@ -141,12 +141,12 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         by_dtype.setdefault(t.dtype, []).append(i)
     results = [None] * len(tensors)
     for k, (dtype, idx) in enumerate(sorted(by_dtype.items(), key=lambda kv: kv[0].name)):
-        group = [compressed[i][0] for i in idx]
+        members = [compressed[i][0] for i in idx]
         base = None if name is None else (name if len(by_dtype) == 1 else f"{name}.{dtype.name}")
         tensor_name = _tensor_name(base, "MlslGroupedAllreduce", ignore_name_scope)
         _check_feedback_name(compression, tensor_name)
         out = _ops().mlsl_grouped_allreduce(
-            group, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            members, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
             tensor_name=tensor_name, priority=priority, process_set_id=_group_id(process_set),
             wire_dtype=compression.wire)
         for i, o in zip(idx, out):
