@@ -63,12 +63,19 @@ core-tests: build/core_tests
 test-unit: venv lib
 	$(PYTHON) -m pytest -q tests/unit
 
-# Each multi-rank file runs under its own timeout: a hang is a failure.
+# Each multi-rank file runs under its own timeout: a hang is a failure. Every file runs on 2
+# and 3 ranks; the files in MPI4_TESTS (groups need 4 ranks for a 2x2 grid; bf16 error vs
+# rank count) also on 4.
+MPI4_TESTS := tests/mpi/test_groups.py tests/mpi/test_bf16.py
 test-mpi: venv lib
 	@set -e; for n in 2 3; do for f in tests/mpi/test_*.py; do \
 	  echo "== mpiexec -n $$n $$f"; \
 	  timeout $(TIMEOUT) $(MPIEXEC) -n $$n $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
-	done; done
+	done; done; \
+	for f in $(MPI4_TESTS); do \
+	  echo "== mpiexec -n 4 $$f"; \
+	  timeout $(TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
+	done
 
 test: venv core-tests lib test-unit test-mpi
 	@echo "all test suites passed"
