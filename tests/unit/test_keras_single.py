@@ -238,3 +238,12 @@ def test_progress_output_switch(capfd):
     for bad in (1, -1, "everyone", [0, 2], True):
         with pytest.raises(ValueError, match="set_progress_output"):
             hvd.set_progress_output(bad)
+
+
+def test_horovod_names_at_top_level_and_in_keras():
+    import mlsl_tf
+    assert mlsl_tf.DistributedOptimizer is hvd.DistributedOptimizer is DistributedOptimizer
+    assert mlsl_tf.DistributedGradientTape is hvd.DistributedGradientTape is DistributedGradientTape
+    for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
+                 "LearningRateScheduleCallback", "BestModelCheckpoint"):
+        assert issubclass(getattr(hvd.callbacks, name), keras.callbacks.Callback)
