@@ -33,8 +33,9 @@ class Communicator {
   virtual int size() const = 0;
   virtual Topology topology() const = 0;
 
-  // In place: buf (count elements) becomes the reduction over all ranks.
-  virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) = 0;
+  // buf (count elements) becomes the reduction over all ranks of send (in place when send is null).
+  virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                               const void* send = nullptr) = 0;
   // The runtime's control message, in place: words[0] = k is the same on every rank and kept;
   // words[1..k] are combined by bitwise AND, words[k+1..count) by MIN.
   virtual std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) = 0;

@@ -136,7 +136,9 @@ std::unique_ptr<PendingOp> FakeCommunicator::Start(FakeWorld::Part part) {
   return std::make_unique<FakePending>(world_.get(), seq, rank_);
 }
 
-std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) {
+std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                                       const void* send) {
+  if (send && send != buf && count) std::memcpy(buf, send, count * DataTypeSize(dtype));
   FakeWorld::Part p;
   p.kind = kAllreduce; p.buf = buf; p.count = count; p.dtype = dtype; p.op = op;
   return Start(std::move(p));

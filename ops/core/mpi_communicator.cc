@@ -151,10 +151,11 @@ class MpiCommunicator : public Communicator {
   int size() const override { return size_; }
   Topology topology() const override { return topo_; }
 
-  std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op) override {
+  std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                       const void* send) override {
     if (!FitsInt(count)) return TooLarge("allreduce");
     auto p = std::make_unique<MpiPending>();
-    int rc = MPI_Iallreduce(MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op), comm_, p->request());
+    int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op), comm_, p->request());
     return Checked(std::move(p), rc, "MPI_Iallreduce");
   }
   std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override {

@@ -102,6 +102,7 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       topology_(comm_->topology()),
       heartbeat_(std::max<int64_t>(1, SettingInt("MLSL_TF_HEARTBEAT_MS"))),
       stall_warning_(SettingInt("MLSL_TF_STALL_WARNING_SECONDS")),
+      spin_(std::max<int64_t>(0, SettingInt("MLSL_TF_SPIN_US"))),
       timeline_(SettingString("MLSL_TF_TIMELINE"), rank_),
       options_(OptionsFromSettings()),
       default_wire_(WireFromSettings()),
@@ -168,7 +169,16 @@ void Runtime::Loop() {
         if (!idle_here) {
           // transfers in flight: poll
         } else if (!local_work) {
-          wait = heartbeat_;
+          // Just finished something: the next request usually follows within microseconds,
+          // so poll briefly before sleeping (an idle process still sleeps, a busy one does
+          // not pay a wake-up per collective).
+          const auto until = last_progress_ + spin_;
+          while (incoming_.empty() && !stop_requested_ && std::chrono::steady_clock::now() < until) {
+            lock.unlock();
+            std::this_thread::yield();
+            lock.lock();
+          }
+          if (incoming_.empty()) wait = heartbeat_;
         } else if (idle >= 8) {
           // Waiting on peers: back off so two ranks waiting on each other do not spin.
           wait = std::min<std::chrono::microseconds>(std::chrono::microseconds(20 << std::min(idle - 8, 6)),
@@ -182,6 +192,7 @@ void Runtime::Loop() {
     bool progress = false;
     if (!Cycle(&progress)) return;
     idle = progress ? 0 : idle + 1;
+    if (progress) last_progress_ = std::chrono::steady_clock::now();
     if (rank_ == 0 && stall_warning_.count() > 0) WarnStalls();
   }
 }

@@ -111,6 +111,8 @@ class Runtime {
   const Topology topology_;
   const std::chrono::milliseconds heartbeat_;
   const std::chrono::seconds stall_warning_;
+  const std::chrono::microseconds spin_;  // MLSL_TF_SPIN_US
+  std::chrono::steady_clock::time_point last_progress_;
 
   // Shared with submitting threads.
   std::mutex mu_;

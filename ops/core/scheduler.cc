@@ -28,6 +28,7 @@ struct Scheduler::Work {
   bool chunked = false;
   bool prepared = false;
   char* buf = nullptr;
+  const char* src = nullptr;  // direct work without prescaling: the chunks read the input here
   std::vector<char> own;
   std::vector<float> res_in, res_out;  // error feedback: the parts' residuals, packed like buf
   int64_t total = 0, next = 0;  // elements
@@ -100,6 +101,7 @@ void Scheduler::Fuse(Work* head) {
   for (auto it = queue_.begin() + 1; it != queue_.end();) {
     Work* w = it->get();
     if (w->prepared || !SameKind(head->meta, w->meta) || bytes + w->bytes() > options_.fusion_threshold) {
+      if (options_.fifo) break;  // first come, first served: nothing jumps over a tensor it cannot join
       ++it;
       continue;
     }
@@ -139,7 +141,12 @@ void Scheduler::Prepare(Work* w) {
     w->own.resize(w->total * esize);
     w->buf = w->own.data();
   }
+  if (direct && w->meta.prescale == 1.0) {
+    // The collective reads the input and writes the output: no copy.
+    w->src = static_cast<const char*>(w->parts[0].request->inputs[0].data);
+  }
   for (Part& p : w->parts) {
+    if (w->src) break;
     char* dst = w->buf + p.offset * esize;
     if (!p.request) {
       FillIdentity(dst, p.count, w->meta.dtype, w->meta.reduce_op);
@@ -180,12 +187,14 @@ void Scheduler::StartChunk(Work* w) {
     // chunks from interleaving differently on different ranks.
     Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
+    const float* in = w->src ? reinterpret_cast<const float*>(w->src) + w->next : data;
     float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
     float* res_out = w->res_out.empty() ? nullptr : w->res_out.data() + w->next;
-    unit->op = slot ? StartWireAllreduce(slot, data, n, w->meta.wire, w->meta.reduce_op, res_in, res_out) : nullptr;
+    unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op, res_in, res_out) : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
-    unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op);
+    unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op,
+                                w->src ? w->src + w->next * esize : nullptr);
   }
   w->next += n;
   w->outstanding++;

@@ -87,9 +87,10 @@ class SliceReduce {
 
 class WireAllreduce : public PendingOp {
  public:
-  WireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op, float* res_in, float* res_out)
+  WireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire, ReduceOp op,
+                float* res_in, float* res_out)
       : comm_(comm), buf_(buf), n_(n), wire_(wire), res_out_(res_out), counts_(Slices(n, comm->size())),
-        slices_(comm, buf, counts_, wire, op, res_in) {}
+        slices_(comm, in, counts_, wire, op, res_in) {}
 
   Status Test(bool* done) override {
     *done = false;
@@ -152,9 +153,9 @@ void DecodeWire(DataType wire, const void* in, float* out, int64_t n) {
   }
 }
 
-std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op,
-                                              float* res_in, float* res_out) {
-  return std::make_unique<WireAllreduce>(comm, buf, n, wire, op, res_in, res_out);
+std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire,
+                                              ReduceOp op, float* res_in, float* res_out) {
+  return std::make_unique<WireAllreduce>(comm, in, buf, n, wire, op, res_in, res_out);
 }
 
 Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,

@@ -30,7 +30,9 @@ void DecodeWire(DataType wire, const void* in, float* out, int64_t n);
 // rounding lost; res_out does the same for the rounding of this rank's slice of the sum. Nonblocking: the returned op runs its two steps as it is tested.
 // The caller must start these ops on a communicator in the same order on every rank and must
 // not start anything else on that communicator while one is in flight.
-std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, float* buf, int64_t n, DataType wire, ReduceOp op,
+// `in` may be buf itself or a separate input of n elements.
+std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire,
+                                              ReduceOp op,
                                               float* res_in = nullptr, float* res_out = nullptr);
 
 // Blocking reduce-scatter of float32 data through `wire`: in holds sum(counts) elements, out

@@ -102,11 +102,15 @@ class CollectiveKernel : public AsyncOpKernel {
       r->inputs.push_back(mlsl::TensorInput{t.tensor_data().data(), ShapeOf(t)});
     }
     if (count > 0) ToCore(ctx->input(first).dtype(), &r->dtype);
-    r->allocate_output = [ctx](int index, const mlsl::Shape& shape, void** data) {
+    const bool forwardable = op_ == mlsl::OpType::kAllreduce;
+    r->allocate_output = [ctx, first, forwardable](int index, const mlsl::Shape& shape, void** data) {
       TensorShape ts;
       for (int64_t d : shape) ts.AddDim(d);
       Tensor* out = nullptr;
-      tensorflow::Status s = ctx->allocate_output(index, ts, &out);
+      // An allreduce may write into its input when TF holds no other reference to it: the
+      // collective then runs in place on memory that is already mapped and warm.
+      tensorflow::Status s = forwardable ? ctx->forward_input_or_allocate_output({first + index}, index, ts, &out)
+                                         : ctx->allocate_output(index, ts, &out);
       if (!s.ok()) return mlsl::Status::Internal("could not allocate output: " + std::string(s.message()));
       *data = const_cast<char*>(out->tensor_data().data());
       return mlsl::Status::Ok();
