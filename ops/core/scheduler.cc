@@ -174,7 +174,10 @@ void Scheduler::Prepare(Work* w) {
 
 void Scheduler::StartChunk(Work* w) {
   const size_t esize = DataTypeSize(w->meta.dtype);
-  int64_t per_chunk = std::max<int64_t>(1, options_.chunk_bytes / int64_t(esize));
+  // A chunk is chunk_bytes on the wire (a bf16 chunk holds twice the float32 elements).
+  const bool compressed = w->meta.dtype == DataType::kFloat32 && IsCompressedWire(w->meta.wire);
+  const int64_t wire_size = compressed ? int64_t(WireElementSize(w->meta.wire)) : int64_t(esize);
+  int64_t per_chunk = std::max<int64_t>(1, options_.chunk_bytes / wire_size);
   int64_t n = std::min(per_chunk, w->total - w->next);
   auto unit = std::make_unique<Unit>();
   unit->seq = started_++;
@@ -182,7 +185,7 @@ void Scheduler::StartChunk(Work* w) {
   unit->bytes = n * int64_t(esize);
   unit->chunk = w->chunks++;
   unit->start = Clock::now();
-  if (w->meta.dtype == DataType::kFloat32 && IsCompressedWire(w->meta.wire)) {
+  if (compressed) {
     // A two-step chunk: its own communicator per in-flight slot keeps the steps of different
     // chunks from interleaving differently on different ranks.
     Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
