@@ -1,6 +1,7 @@
 """Process-level API: init, shutdown and the rank/size queries, with Horovod's names."""
 
 import atexit
+import sys
 
 from mlsl_tf import _library
 
@@ -30,6 +31,11 @@ def init(comm=None, process_sets=None):
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
+    if "keras" in sys.modules:
+        # A Keras script: progress bars and epoch lines on rank 0 only, as with mlsl_tf.keras.init
+        # (mlsl_tf.keras.set_progress_output("all") brings them back).
+        from mlsl_tf.keras import set_progress_output
+        set_progress_output(0)
 
 
 def shutdown():

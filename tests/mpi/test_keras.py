@@ -322,3 +322,20 @@ def test_keras_progress_output_only_on_rank_0_unless_asked(capfd):
         hvd.set_progress_output(N)
     with pytest.raises(ValueError, match="set_progress_output"):
         hvd.set_progress_output("rank0")
+
+
+def test_top_level_init_in_a_keras_script_keeps_progress_on_rank_0(capfd):
+    """`import mlsl_tf as hvd; hvd.init()` (not mlsl_tf.keras.init) with Keras imported."""
+    import mlsl_tf
+    x, y = _data(steps=1)
+    model = _model()
+    model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.0)), loss="mse")
+    hvd.set_progress_output("all")
+    try:
+        mlsl_tf.init()
+        capfd.readouterr()
+        model.fit(_shard(x), _shard(y), batch_size=B, epochs=1, verbose=2)
+        out = capfd.readouterr().out
+        assert ("loss:" in out) == (R == 0), out
+    finally:
+        hvd.set_progress_output(0)
