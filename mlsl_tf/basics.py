@@ -42,6 +42,9 @@ def shutdown():
     """Stops the runtime on this rank. Other ranks' pending collectives then fail with an error
     naming this rank. init() may be called again afterwards."""
     _library.c_api().mlsl_tf_shutdown()
+    groups = sys.modules.get("mlsl_tf.groups")
+    if groups is not None:
+        groups._forget_all()  # the core forgot them
 
 
 def is_initialized():

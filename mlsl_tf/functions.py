@@ -9,18 +9,38 @@ from mlsl_tf import ops
 from mlsl_tf.basics import rank
 
 
+def _placement(v, root_rank, process_set):
+    """(group, root) to broadcast v over. A variable sharded by a model-parallel layer is
+    broadcast, in a world broadcast, only among the ranks holding the same shard (its
+    data-parallel group from groups.grid), from the root's replica -- never over other shards."""
+    if process_set is not None:
+        return process_set, root_rank
+    from mlsl_tf.keras.layers import sharded_group
+    mp = sharded_group(v)
+    if mp is None:
+        return None, root_rank
+    from mlsl_tf.groups import data_parallel_group_of
+    dp = data_parallel_group_of(mp)
+    if dp is None:
+        raise ValueError(f"broadcast_variables: '{v.name}' is sharded over group {mp.ranks}; a world broadcast "
+                         "would overwrite the other shards. Pass process_set=<the data-parallel group>")
+    return dp, root_rank // mp.size()
+
+
 def broadcast_variables(variables, root_rank, process_set=None):
-    """Assigns root_rank's value to each variable on every rank (all broadcasts in flight at once)."""
+    """Assigns root_rank's value to each variable on every rank (all broadcasts in flight at once).
+    Variables sharded by model-parallel layers are broadcast within their data-parallel group."""
     variables = list(variables)
     if not variables:
         return
+    placements = [_placement(v, root_rank, process_set) for v in variables]
 
     @tf.function
     def _broadcast():
-        for i, v in enumerate(variables):
+        for i, (v, (group, root)) in enumerate(zip(variables, placements)):
             vname = getattr(v, "path", None) or v.name
-            v.assign(ops.broadcast(v, root_rank, name=f"mlsl.broadcast_variables.{i}.{ops._normalize_name(vname)}",
-                                   ignore_name_scope=True, process_set=process_set))
+            v.assign(ops.broadcast(v, root, name=f"mlsl.broadcast_variables.{i}.{ops._normalize_name(vname)}",
+                                   ignore_name_scope=True, process_set=group))
 
     _broadcast()
 

@@ -535,6 +535,21 @@ def test_hybrid_variables_are_marked(groups):
     assert all(sharded_group(v) is None and replicated_group(v) is None for v in model.layers[0].weights)
 
 
+def test_broadcast_variables_keeps_shards_apart(groups):
+    """A world broadcast from rank 0 gives every rank rank 0's replica of *its own* shard."""
+    mp = groups["mp"]
+    model = hybrid_model(30, mp)
+    if R >= mp.size():  # not in rank 0's replica: start from different weights
+        for w in model.weights:
+            w.assign(w + float(R + 1))
+    hvd.broadcast_variables(model.weights, root_rank=0)
+    assert_weights_match(model, reference_model(30), mp)
+    with pytest.raises(ValueError, match="sharded over group"):
+        lone = ColumnParallelDense(2 * K_GRID, group=groups["even"] if R % 2 == 0 else groups["odd"])
+        lone.build((None, 3))
+        hvd.broadcast_variables(lone.weights, root_rank=0)
+
+
 def test_hybrid_fit_matches_single_process(groups):
     mp, dp = groups["mp"], groups["dp"]
     x, y = global_data(20)
@@ -598,8 +613,6 @@ def test_reducing_sharded_gradients_over_the_world_is_an_error(groups):
 
 # ---- last: shutdown forgets the groups ---------------------------------------------------
 
-@pytest.mark.xfail(strict=True, reason="needs mlsl_tf.shutdown() to call mlsl_tf.groups._forget_all() "
-                   "(basics.py); the core itself forgets its groups")
 def test_groups_are_gone_after_shutdown_and_init(groups):
     even = groups["even"]
     # A rank's shutdown fails every collective still pending on any rank, also in groups it is
