@@ -544,6 +544,8 @@ def test_broadcast_variables_keeps_shards_apart(groups):
             w.assign(w + float(R + 1))
     hvd.broadcast_variables(model.weights, root_rank=0)
     assert_weights_match(model, reference_model(30), mp)
+    if N != 4:
+        return  # below: every rank needs a two-member group that grid() did not make
     with pytest.raises(ValueError, match="sharded over group"):
         lone = ColumnParallelDense(2 * K_GRID, group=groups["even"] if R % 2 == 0 else groups["odd"])
         lone.build((None, 3))
