@@ -370,8 +370,15 @@ bool Runtime::Cycle(bool* progress) {
     if (!group.member()) continue;
     std::vector<bool> group_joined(group.ranks.size());
     for (size_t i = 0; i < group.ranks.size(); ++i) group_joined[i] = joined[group.ranks[i]];
+    const uint64_t before = group.scheduler->started();
     group.scheduler->StartUpTo(bits[done_at + g] + uint64_t(options_.inflight), group_joined);
     group.scheduler->Progress();
+    // Small transfers just started usually finish within microseconds: finishing them here
+    // saves a control round trip before the framework sees the result.
+    if (group.scheduler->started() != before) {
+      const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(20);
+      while (!group.scheduler->idle() && std::chrono::steady_clock::now() < until) group.scheduler->Progress();
+    }
   }
   // Join completes in the same cycle everywhere: all joined, nothing in flight anywhere and
   // nothing new -- all three facts come from the control message, so every rank sees them.
