@@ -158,6 +158,14 @@ void Runtime::PinToCommCore() {
 
 void Runtime::Loop() {
   PinToCommCore();
+  {
+    // The control message gets its own communicator: MPI runs the collectives of one
+    // communicator in order, so on the data communicator it would wait behind every chunk.
+    std::vector<int> everyone(size_);
+    for (int r = 0; r < size_; ++r) everyone[r] = r;
+    Status s = comm_->Split(everyone, &control_comm_);
+    if (!s.ok()) Log(LogLevel::kWarning, "no separate control communicator (" + s.message() + ")");
+  }
   int idle = 0;  // cycles in a row that moved nothing
   while (true) {
     {
@@ -297,7 +305,8 @@ bool Runtime::Cycle(bool* progress) {
   for (int g = 0; g < num_groups; ++g) {
     if (groups_[g]->member()) bits[done_at + g] = groups_[g]->scheduler->completed_prefix();
   }
-  auto op = comm_->Control(bits.data(), int64_t(bits.size()));
+  Communicator* control = control_comm_ ? control_comm_.get() : comm_.get();
+  auto op = control->Control(bits.data(), int64_t(bits.size()));
   Status s = Wait(op.get(), [this] {
     // chunks in flight keep moving while the control message travels
     for (auto& g : groups_) if (g->member()) g->scheduler->Progress();

@@ -107,6 +107,7 @@ class Runtime {
   void WarnStalls();
 
   std::unique_ptr<Communicator> comm_;
+  std::unique_ptr<Communicator> control_comm_;  // a duplicate of comm_ for the control message
   const int rank_, size_;
   const Topology topology_;
   const std::chrono::milliseconds heartbeat_;
