@@ -196,8 +196,10 @@ void Scheduler::StartChunk(Work* w) {
     unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op, res_in, res_out) : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
-    unit->op = comm_->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op,
-                                w->src ? w->src + w->next * esize : nullptr);
+    Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
+    unit->op = slot ? slot->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op,
+                                      w->src ? w->src + w->next * esize : nullptr)
+                    : nullptr;
   }
   w->next += n;
   w->outstanding++;

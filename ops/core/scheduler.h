@@ -75,7 +75,8 @@ class Scheduler {
   void RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined);
   void Complete(uint64_t seq);
   void Finalize(Work* w);
-  // The communicator of in-flight slot i for two-step (compressed) chunks, made on first use.
+  // The communicator of in-flight slot i, made on first use: chunks in different slots never
+  // queue behind each other inside MPI, and a two-step (compressed) chunk's steps stay in order.
   Communicator* Slot(int i);
 
   Communicator* comm_;
