@@ -15,11 +15,14 @@ chain needs no rescaling op between the collectives.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # mlsl_tf
+import netlink  # noqa: E402
 
 DEFAULT_SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 CHAIN_BYTES = 256 << 20  # K = CHAIN_BYTES / size, clamped to [K_MIN, K_MAX]
@@ -31,15 +34,6 @@ LAUNCHER_ENV = ("PMI_", "PMIX_", "HYD", "MPI_LOCAL", "OMPI_")  # what a nested m
 
 def chain_length(nbytes):
     return max(K_MIN, min(K_MAX, CHAIN_BYTES // nbytes))
-
-
-def under_mpiexec():
-    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
-
-
-def mpiexec_next_to(python):
-    cand = os.path.join(os.path.dirname(python), "mpiexec")
-    return cand if os.access(cand, os.X_OK) else shutil.which("mpiexec")
 
 
 class Timer:
@@ -113,7 +107,7 @@ def horovod_inprocess(sizes, reps, timer):
 def horovod_subprocess(python, sizes, reps, nranks):
     """Runs this file under `python`'s venv (mpiexec next to it) in --impl horovod mode; returns
     ({size: latency}, note)."""
-    mpiexec = mpiexec_next_to(python) if os.access(python, os.X_OK) else None
+    mpiexec = netlink.mpiexec_next_to(python) if os.access(python, os.X_OK) else None
     if not mpiexec:
         return {}, f"skipped: {python} or an mpiexec next to it is missing"
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_ENV)}
@@ -219,26 +213,6 @@ def run_ranks(ns):
     return 0
 
 
-def launch(ns, argv):
-    """--link/--np: start this file under mpiexec (inside an emulated link for --link)."""
-    if under_mpiexec():
-        sys.exit("--link and --np start their own mpiexec: run this without mpiexec")
-    passed, skip = [], False
-    for a in argv:  # drop the launcher-only options
-        if skip:
-            skip = False
-        elif a in ("--link", "--np"):
-            skip = True
-        elif not a.startswith(("--link=", "--np=")):
-            passed.append(a)
-    cmd = [mpiexec_next_to(sys.executable), "-n", str(ns.np), sys.executable, os.path.abspath(__file__)] + passed
-    if not ns.link:
-        return subprocess.run(cmd).returncode
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import netlink
-    return netlink.run(ns.link, cmd + ["--link-name", ns.link])
-
-
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--sizes", type=lambda s: [int(v) for v in s.split(",")], default=DEFAULT_SIZES,
@@ -261,7 +235,7 @@ def main(argv=None):
     ns = parse(argv)
     if ns.link or ns.np:
         ns.np = ns.np or 2
-        return launch(ns, argv)
+        return netlink.relaunch(__file__, argv, ns.np, ns.link)
     return run_ranks(ns)
 
 

@@ -158,9 +158,7 @@ def main():
 
     import netlink
     py = sys.executable
-    mpiexec = os.path.join(os.path.dirname(py), "mpiexec")
-    if not os.path.exists(mpiexec):
-        mpiexec = "mpiexec"
+    mpiexec = netlink.mpiexec_next_to(py) or "mpiexec"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""),
                TF_CPP_MIN_LOG_LEVEL="2")
     records = []

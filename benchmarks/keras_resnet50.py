@@ -16,20 +16,17 @@ venv's mpiexec; without that venv it is reported as skipped, with the reason.
 import argparse
 import json
 import os
-import shutil
 import statistics
 import subprocess
 import sys
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import netlink  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "resnet50_synthetic.py")
 LAUNCHER_ENV = ("PMI_", "PMIX_", "HYD", "MPI_LOCAL", "OMPI_")  # what a nested mpiexec must not inherit
-
-
-def mpiexec_next_to(python):
-    cand = os.path.join(os.path.dirname(python), "mpiexec")
-    return cand if os.access(cand, os.X_OK) else shutil.which("mpiexec")
 
 
 def horovod_problem(python):
@@ -39,7 +36,7 @@ def horovod_problem(python):
                "against TensorFlow 2.21, see DESIGN.md for the TensorFlow 2.15 venv"
     if not os.access(python, os.X_OK):
         return f"{python} is not an executable interpreter"
-    if not mpiexec_next_to(python):
+    if not netlink.mpiexec_next_to(python):
         return f"no mpiexec next to {python} or on PATH"
     probe = subprocess.run([python, "-c", "import horovod.tensorflow"], capture_output=True, text=True,
                            env=clean_env(with_repo=False), timeout=300)
@@ -60,7 +57,7 @@ def clean_env(with_repo):
 
 def one_run(framework, python, nranks, example_args, timeout):
     """Runs the example once; returns its JSON result (dict) or raises RuntimeError."""
-    cmd = [mpiexec_next_to(python), "-n", str(nranks), python, EXAMPLE, "--json", "--framework", framework]
+    cmd = [netlink.mpiexec_next_to(python), "-n", str(nranks), python, EXAMPLE, "--json", "--framework", framework]
     cmd += example_args
     start = time.perf_counter()
     try:

@@ -14,6 +14,7 @@ Only 127.0.0.1 inside the namespace is ever a target. Argv lists only, never she
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -74,6 +75,38 @@ class Link:
         env = dict(os.environ if base is None else base)
         env.update(TCP_ENV)
         return env
+
+
+def under_mpiexec():
+    """True inside a rank started by mpiexec (MPICH/Intel MPI, PMIx or Open MPI)."""
+    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
+
+
+def mpiexec_next_to(python):
+    """The mpiexec of `python`'s venv (PyPI's mpich wheel), else the one on PATH (None if none)."""
+    cand = os.path.join(os.path.dirname(python), "mpiexec")
+    return cand if os.access(cand, os.X_OK) else shutil.which("mpiexec")
+
+
+def relaunch(script, argv, nranks, link=None):
+    """Runs `script` with `argv` (minus the launcher-only --link/--np options) on `nranks` ranks
+    under mpiexec -- inside an emulated link of rate `link` when given, the script then also
+    getting `--link-name RATE`. Returns the exit status. For benchmarks' --link / --np."""
+    if under_mpiexec():
+        sys.exit("--link and --np start their own mpiexec: run this without mpiexec")
+    passed, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--link", "--np"):
+            skip = True
+        elif not a.startswith(("--link=", "--np=")):
+            passed.append(a)
+    cmd = [mpiexec_next_to(sys.executable) or "mpiexec", "-n", str(nranks), sys.executable,
+           os.path.abspath(script)] + passed
+    if not link:
+        return subprocess.run(cmd).returncode
+    return run(link, cmd + ["--link-name", link])
 
 
 def run(rate, argv, burst="256kb", latency="100ms"):

@@ -42,6 +42,10 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # mlsl_tf
+import netlink  # noqa: E402
+
 LAUNCHER_ENV = ("PMI_", "PMIX_", "HYD", "MPI_LOCAL", "OMPI_")  # what a nested mpiexec must not inherit
 KNOBS = {"chunk_bytes": "MLSL_TF_CHUNK_BYTES", "inflight": "MLSL_TF_INFLIGHT",
          "fusion_threshold": "MLSL_TF_FUSION_THRESHOLD"}
@@ -449,33 +453,6 @@ def plot(rows, per_layer, path, compute_ms, link):
 # ---------------------------------------------------------------------------------------------
 # Command line.
 
-def under_mpiexec():
-    return any(k in os.environ for k in ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE"))
-
-
-def launch(ns, argv):
-    """--link/--np: start this file under mpiexec (inside an emulated link for --link)."""
-    if under_mpiexec():
-        sys.exit("--link and --np start their own mpiexec: run this without mpiexec")
-    passed, skip = [], False
-    for a in argv:  # drop the launcher-only options
-        if skip:
-            skip = False
-        elif a in ("--link", "--np"):
-            skip = True
-        elif not a.startswith(("--link=", "--np=")):
-            passed.append(a)
-    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if not os.access(mpiexec, os.X_OK):
-        mpiexec = "mpiexec"
-    cmd = [mpiexec, "-n", str(ns.np), sys.executable, os.path.abspath(__file__)] + passed
-    if not ns.link:
-        return subprocess.run(cmd).returncode
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import netlink
-    return netlink.run(ns.link, cmd + ["--link-name", ns.link])
-
-
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--compute-ms", type=float, default=400.0,
@@ -528,7 +505,7 @@ def main(argv=None):
         return check_keras(ns.conv_bias)
     if ns.link or ns.np:
         ns.np = ns.np or 2
-        return launch(ns, argv)
+        return netlink.relaunch(__file__, argv, ns.np, ns.link)
     return run_ranks(ns)
 
 
