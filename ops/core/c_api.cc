@@ -41,11 +41,7 @@ int Query(int (*get)(const Runtime&)) {
 int ChangeGroups(OpType op, std::vector<int> ranks, int id) {
   auto rt = CurrentRuntime();
   if (!rt) return Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
-  auto r = std::make_unique<Request>();
-  r->op = op;
-  r->name = "mlsl_tf.group_change." + std::to_string(rt->NextGroupChange());
-  r->ranks = std::move(ranks);
-  r->root = id;
+  auto r = std::make_unique<Request>(rt->GroupChange(op, std::move(ranks), id));
   auto result = std::make_shared<int32_t>(-1);
   auto status = std::make_shared<std::promise<Status>>();
   std::future<Status> finished = status->get_future();

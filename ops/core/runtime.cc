@@ -78,16 +78,30 @@ std::vector<std::unique_ptr<Runtime::Group>> Runtime::WorldGroup(Communicator* c
   for (int r = 0; r < comm->size(); ++r) g->ranks.push_back(r);
   g->index = rank;
   g->comm = comm;
-  g->executor = std::make_unique<Executor>(comm);
-  g->scheduler = std::make_unique<Scheduler>(comm, g->executor.get(), timeline, stats, options);
+  Equip(g.get(), timeline, stats, options);
   std::vector<std::unique_ptr<Group>> groups;
   groups.push_back(std::move(g));
   return groups;
 }
 
-void Runtime::MakeScheduler(Group* g) {
+void Runtime::Equip(Group* g, Timeline* timeline, Stats* stats, const SchedulerOptions& options) {
   g->executor = std::make_unique<Executor>(g->comm);
-  g->scheduler = std::make_unique<Scheduler>(g->comm, g->executor.get(), &timeline_, &stats_, options_);
+  g->scheduler = std::make_unique<Scheduler>(g->comm, g->executor.get(), timeline, stats, options);
+}
+
+Request Runtime::GroupChange(OpType op, std::vector<int> ranks, int id) {
+  Request r;
+  r.op = op;
+  r.name = "mlsl_tf.group_change." + std::to_string(group_changes_++);
+  r.ranks = std::move(ranks);
+  r.root = id;
+  return r;
+}
+
+uint64_t Runtime::UnitEvents() const {
+  uint64_t n = 0;
+  for (const auto& g : groups_) if (g->member()) n += g->scheduler->started() + g->scheduler->completed_prefix();
+  return n;
 }
 
 bool Runtime::AllIdle() const {
@@ -272,12 +286,7 @@ bool Runtime::Cycle(bool* progress) {
     incoming.swap(incoming_);
     stopping = stop_requested_;
   }
-  uint64_t started_before = 0, completed_before = 0;
-  for (const auto& g : groups_) {
-    if (!g->member()) continue;
-    started_before += g->scheduler->started();
-    completed_before += g->scheduler->completed_prefix();
-  }
+  const uint64_t events_before = UnitEvents();
   *progress = !incoming.empty();
   for (auto& r : incoming) Intake(std::move(r));
 
@@ -296,7 +305,7 @@ bool Runtime::Cycle(bool* progress) {
   if (!join_) {
     std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
     // Collectives of groups this rank is not in never wait for it.
-    for (int32_t id = 0; id < num_ids; ++id) if (Foreign(id)) SetBit(bits, ready_at, id);
+    for (size_t w = 0; w < foreign_.size() && int64_t(w) < done_at - ready_at; ++w) bits[ready_at + w] |= foreign_[w];
   }
   for (auto& [name, l] : pending_) {
     if (l.state == Local::kToAnnounce) bits[flags_at] &= ~kNobodyAnnounces;
@@ -350,7 +359,9 @@ bool Runtime::Cycle(bool* progress) {
     *progress = true;
   }
   if (!all_joined) {
-    for (int32_t id = 0; id < num_ids; ++id) if (TestBit(bits, ready_at, id) && !Foreign(id)) agreed.push_back(id);
+    for (int32_t id = 0; id < num_ids; ++id) {
+      if (TestBit(bits, ready_at, id) && !Foreign(id)) agreed.push_back(id);
+    }
   }
   std::sort(agreed.begin(), agreed.end());
   for (int32_t id : agreed) {
@@ -396,13 +407,7 @@ bool Runtime::Cycle(bool* progress) {
     std::fill(joined_before_.begin(), joined_before_.end(), false);
     *progress = true;
   }
-  uint64_t started_after = 0, completed_after = 0;
-  for (const auto& g : groups_) {
-    if (!g->member()) continue;
-    started_after += g->scheduler->started();
-    completed_after += g->scheduler->completed_prefix();
-  }
-  *progress = *progress || started_after != started_before || completed_after != completed_before;
+  *progress = *progress || UnitEvents() != events_before;
   return true;
 }
 
@@ -417,7 +422,7 @@ void Runtime::ChangeGroups(const RequestMeta& meta, Request* mine) {
     if (at != g->ranks.end() && status.ok()) {
       g->index = int(at - g->ranks.begin());
       g->comm = g->own.get();
-      MakeScheduler(g.get());
+      Equip(g.get(), &timeline_, &stats_, options_);
     }
     result = int32_t(groups_.size());
     coordinator_.SetGroup(result, g->ranks);
@@ -502,8 +507,9 @@ bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
         break;
       case Decision::kAgreed: {
         const RequestMeta& meta = coordinator_.meta(d.id);
-        if (int32_t(foreign_.size()) <= d.id) foreign_.resize(d.id + 1, false);
-        foreign_[d.id] = meta.group > 0 && meta.group < int(groups_.size()) && !groups_[meta.group]->member();
+        if (int32_t(foreign_.size()) < Words(d.id + 1)) foreign_.resize(Words(d.id + 1), 0);
+        bool foreign = meta.group > 0 && meta.group < int(groups_.size()) && !groups_[meta.group]->member();
+        foreign ? SetBit(foreign_, 0, d.id) : ClearBit(foreign_, 0, d.id);
         cached_ids_[d.name] = d.id;
         if (it != pending_.end() && it->second.state == Local::kAnnounced) {
           it->second.state = Local::kReady;

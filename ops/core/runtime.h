@@ -13,9 +13,13 @@
 //      per-rank bits are stored inverted so the AND works as an OR for them;
 //   3. if some rank announced, allgather the announcements and let the (replicated)
 //      Coordinator decide: agreed names are ready everywhere at once, errors fail everywhere;
-//   4. queue the agreed ids in the Scheduler, which starts chunks most-urgent-first up to a
-//      window that is common knowledge (the MIN of every rank's completed units, carried in
-//      the same control message, plus MLSL_TF_INFLIGHT) -- identically on all ranks.
+//   4. queue the agreed ids in their group's Scheduler, which starts chunks most-urgent-first
+//      up to a window that is common knowledge (the MIN of every member's completed units, one
+//      word per group in the same control message, plus MLSL_TF_INFLIGHT) -- identically on
+//      all members.
+// Groups (add_group / remove_group are agreed requests too) each have their own communicator,
+// executor and scheduler; collective names are per group; a rank marks the ids of groups it is
+// not in as ready, so they never wait for it. The control message has its own communicator.
 // While the control message is in flight, the thread keeps testing the chunks in flight.
 #pragma once
 
@@ -53,8 +57,9 @@ class Runtime {
   // Tells every rank this one is leaving, fails what is pending here, joins the thread.
   void Shutdown();
 
-  // Numbers this process's group creations and removals (add_group / remove_group request names).
-  int NextGroupChange() { return group_changes_++; }
+  // An add_group (ranks) or remove_group (id) request, named by this process's count of group
+  // changes so far -- the same on every rank that changes groups in the same order.
+  Request GroupChange(OpType op, std::vector<int> ranks, int id = 0);
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -93,8 +98,11 @@ class Runtime {
   void Intake(std::unique_ptr<Request> r);
   // Refuses a request that cannot be announced (unknown group, not a member); "" when fine.
   std::string GroupError(const Request& r) const;
-  void MakeScheduler(Group* g);
-  bool Foreign(int32_t id) const { return id < int32_t(foreign_.size()) && foreign_[id]; }
+  // Gives a member's group its executor and scheduler.
+  static void Equip(Group* g, Timeline* timeline, Stats* stats, const SchedulerOptions& options);
+  bool Foreign(int32_t id) const { return id / 64 < int32_t(foreign_.size()) && (foreign_[id / 64] >> (id % 64)) & 1; }
+  // Units started plus units completed over this rank's groups: it changes iff a transfer moved.
+  uint64_t UnitEvents() const;
   bool AllIdle() const;
   // Runs an agreed add_group / remove_group (every rank, same cycle, same order).
   void ChangeGroups(const RequestMeta& meta, Request* mine);
@@ -129,7 +137,7 @@ class Runtime {
   const DataType default_wire_;  // MLSL_TF_WIRE_DTYPE, for float32 reductions
   std::vector<std::unique_ptr<Group>> groups_;  // by id; [0] is the world
   std::vector<std::unique_ptr<Group>> removed_groups_;  // kept while MPI may still use their buffers
-  std::vector<bool> foreign_;  // by collective id: belongs to a group this rank is not in
+  std::vector<uint64_t> foreign_;  // bit per collective id: it belongs to a group this rank is not in
   Coordinator coordinator_;
   std::map<std::string, Local> pending_;
   std::unordered_map<std::string, int32_t> cached_ids_;

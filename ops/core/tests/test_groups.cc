@@ -10,11 +10,7 @@ using namespace mlsl;
 using namespace mlsl_test;
 
 static int AddGroup(Runtime& rt, std::vector<int> ranks, std::string* error = nullptr) {
-  Request r;
-  r.op = OpType::kAddGroup;
-  r.name = "mlsl_tf.group_change." + std::to_string(rt.NextGroupChange());
-  r.ranks = std::move(ranks);
-  auto f = Submit(rt, std::move(r));
+  auto f = Submit(rt, rt.GroupChange(OpType::kAddGroup, std::move(ranks)));
   Result res = Get(f);
   if (!res.status.ok()) {
     if (error) *error = res.status.message();
@@ -135,11 +131,7 @@ TEST(groups_created_in_different_orders_fail_on_every_rank) {
 TEST(groups_removed_group_refuses_work) {
   RunRanks(2, [](int rank, Runtime& rt) {
     int g = AddGroup(rt, {0, 1});
-    Request r;
-    r.op = OpType::kRemoveGroup;
-    r.name = "mlsl_tf.group_change." + std::to_string(rt.NextGroupChange());
-    r.root = g;
-    auto f = Submit(rt, std::move(r));
+    auto f = Submit(rt, rt.GroupChange(OpType::kRemoveGroup, {}, g));
     CHECK(Get(f).status.ok());
     std::vector<float> x = {1.0f};
     auto f2 = Submit(rt, Reduce("x", x, g));
