@@ -145,22 +145,23 @@ void Scheduler::Prepare(Work* w) {
     // The collective reads the input and writes the output: no copy.
     w->src = static_cast<const char*>(w->parts[0].request->inputs[0].data);
   }
-  for (Part& p : w->parts) {
-    if (w->src) break;
-    char* dst = w->buf + p.offset * esize;
-    if (!p.request) {
-      FillIdentity(dst, p.count, w->meta.dtype, w->meta.reduce_op);
-      continue;
+  if (!w->src) {
+    for (Part& p : w->parts) {
+      char* dst = w->buf + p.offset * esize;
+      if (!p.request) {
+        FillIdentity(dst, p.count, w->meta.dtype, w->meta.reduce_op);
+        continue;
+      }
+      int64_t n = 0;
+      for (const TensorInput& t : p.request->inputs) {
+        size_t bytes = NumElements(t.shape) * esize;
+        if (bytes && dst + n * esize != t.data) std::memcpy(dst + n * esize, t.data, bytes);
+        n += NumElements(t.shape);
+      }
+      ScaleInPlace(dst, n, w->meta.dtype, w->meta.prescale);
     }
-    int64_t n = 0;
-    for (const TensorInput& t : p.request->inputs) {
-      size_t bytes = NumElements(t.shape) * esize;
-      if (bytes && dst + n * esize != t.data) std::memcpy(dst + n * esize, t.data, bytes);
-      n += NumElements(t.shape);
-    }
-    ScaleInPlace(dst, n, w->meta.dtype, w->meta.prescale);
   }
-  if (w->meta.error_feedback && IsCompressedWire(w->meta.wire) && w->meta.dtype == DataType::kFloat32) {
+  if (w->meta.error_feedback) {  // set only for compressed float32 allreduces (Runtime::Intake)
     w->res_in.assign(w->total, 0.0f);
     w->res_out.assign(w->total, 0.0f);
     for (Part& p : w->parts) {
@@ -175,7 +176,7 @@ void Scheduler::Prepare(Work* w) {
 void Scheduler::StartChunk(Work* w) {
   const size_t esize = DataTypeSize(w->meta.dtype);
   // A chunk is chunk_bytes on the wire (a bf16 chunk holds twice the float32 elements).
-  const bool compressed = w->meta.dtype == DataType::kFloat32 && IsCompressedWire(w->meta.wire);
+  const bool compressed = IsCompressedWire(w->meta.wire);  // only float32 reductions are (Runtime::Intake)
   const int64_t wire_size = compressed ? int64_t(WireElementSize(w->meta.wire)) : int64_t(esize);
   int64_t per_chunk = std::max<int64_t>(1, options_.chunk_bytes / wire_size);
   int64_t n = std::min(per_chunk, w->total - w->next);
@@ -185,10 +186,9 @@ void Scheduler::StartChunk(Work* w) {
   unit->bytes = n * int64_t(esize);
   unit->chunk = w->chunks++;
   unit->start = Clock::now();
+  // Each in-flight slot has its own communicator (see Slot).
+  Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
   if (compressed) {
-    // A two-step chunk: its own communicator per in-flight slot keeps the steps of different
-    // chunks from interleaving differently on different ranks.
-    Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
     const float* in = w->src ? reinterpret_cast<const float*>(w->src) + w->next : data;
     float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
@@ -196,7 +196,6 @@ void Scheduler::StartChunk(Work* w) {
     unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op, res_in, res_out) : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
-    Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
     unit->op = slot ? slot->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op,
                                       w->src ? w->src + w->next * esize : nullptr)
                     : nullptr;
