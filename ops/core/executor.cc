@@ -157,7 +157,7 @@ Status Executor::Reducescatter(const RequestMeta& m, Request* r) {
     out = scratch_.data();
   }
   Status s;
-  if (IsCompressedWire(m.wire)) {  // only float32 reductions are compressed (Runtime::Intake)
+  if (m.compressed()) {
     s = WireReduceScatter(comm_, reinterpret_cast<const float*>(staging_.data()), counts, static_cast<float*>(out),
                           m.wire, m.reduce_op);
   } else {

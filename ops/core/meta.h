@@ -26,6 +26,8 @@ struct RequestMeta {
   std::string local_error;  // this rank's own input was invalid; reported to every rank
 
   static RequestMeta From(const Request& r);
+  // Travels as a 16-bit wire type (only float32 reductions are: Runtime::Intake sets wire).
+  bool compressed() const { return wire != dtype; }
   bool operator==(const RequestMeta& o) const;
   bool operator!=(const RequestMeta& o) const { return !(*this == o); }
   // Names the first field in which `other` differs, e.g. "shape [2] vs [3]"; "" when equal.

@@ -8,7 +8,6 @@
 
 #include "logging.h"
 #include "settings.h"
-#include "wire.h"
 
 namespace mlsl {
 namespace {
@@ -266,7 +265,7 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
   } else if (r->wire < 0) {
     local.meta.wire = default_wire_;
   }
-  if (!IsCompressedWire(local.meta.wire) || r->op != OpType::kAllreduce) local.meta.error_feedback = false;
+  if (!local.meta.compressed() || r->op != OpType::kAllreduce) local.meta.error_feedback = false;
   local.meta.local_error = ValidateLocally(*r, int(groups_[r->group]->ranks.size()));
   auto cached = cached_ids_.find(r->name);
   if (cached != cached_ids_.end() && local.meta.local_error.empty() && coordinator_.meta(cached->second) == local.meta) {

@@ -161,7 +161,7 @@ void Scheduler::Prepare(Work* w) {
       ScaleInPlace(dst, n, w->meta.dtype, w->meta.prescale);
     }
   }
-  if (w->meta.error_feedback) {  // set only for compressed float32 allreduces (Runtime::Intake)
+  if (w->meta.error_feedback) {  // only ever set on compressed allreduces (Runtime::Intake)
     w->res_in.assign(w->total, 0.0f);
     w->res_out.assign(w->total, 0.0f);
     for (Part& p : w->parts) {
@@ -176,7 +176,7 @@ void Scheduler::Prepare(Work* w) {
 void Scheduler::StartChunk(Work* w) {
   const size_t esize = DataTypeSize(w->meta.dtype);
   // A chunk is chunk_bytes on the wire (a bf16 chunk holds twice the float32 elements).
-  const bool compressed = IsCompressedWire(w->meta.wire);  // only float32 reductions are (Runtime::Intake)
+  const bool compressed = w->meta.compressed();
   const int64_t wire_size = compressed ? int64_t(WireElementSize(w->meta.wire)) : int64_t(esize);
   int64_t per_chunk = std::max<int64_t>(1, options_.chunk_bytes / wire_size);
   int64_t n = std::min(per_chunk, w->total - w->next);
