@@ -144,6 +144,7 @@ void Scheduler::Prepare(Work* w) {
   if (direct && w->meta.prescale == 1.0) {
     // The collective reads the input and writes the output: no copy.
     w->src = static_cast<const char*>(w->parts[0].request->inputs[0].data);
+    if (w->src == w->buf) stats_->InPlace();
   }
   if (!w->src) {
     for (Part& p : w->parts) {

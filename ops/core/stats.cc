@@ -8,7 +8,7 @@ std::string Stats::Json() const {
   std::lock_guard<std::mutex> l(mu_);
   std::ostringstream os;
   os << "{\"requests\": " << requests_ << ", \"bytes_sent\": " << bytes_ << ", \"chunks\": " << chunks_
-     << ", \"preemptions\": " << preemptions_ << ", \"fused_buffers\": " << fused_buffers_
+     << ", \"in_place\": " << in_place_ << ", \"preemptions\": " << preemptions_ << ", \"fused_buffers\": " << fused_buffers_
      << ", \"fused_tensors\": " << fused_tensors_ << ", \"wait_by_priority\": {";
   bool first = true;
   for (const auto& [priority, w] : waits_) {

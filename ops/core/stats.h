@@ -13,6 +13,7 @@ class Stats {
  public:
   void Request() { std::lock_guard<std::mutex> l(mu_); ++requests_; }
   void Chunk(int64_t bytes) { std::lock_guard<std::mutex> l(mu_); ++chunks_; bytes_ += bytes; }
+  void InPlace() { std::lock_guard<std::mutex> l(mu_); ++in_place_; }
   void Preemption() { std::lock_guard<std::mutex> l(mu_); ++preemptions_; }
   void Fused(int parts) { std::lock_guard<std::mutex> l(mu_); ++fused_buffers_; fused_tensors_ += parts; }
   void Wait(int priority, double seconds) {
@@ -26,6 +27,7 @@ class Stats {
  private:
   mutable std::mutex mu_;
   int64_t requests_ = 0, chunks_ = 0, bytes_ = 0, preemptions_ = 0, fused_buffers_ = 0, fused_tensors_ = 0;
+  int64_t in_place_ = 0;  // allreduces whose output is their input's buffer (TF forwarded it)
   std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
 };
 
