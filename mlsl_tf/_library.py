@@ -58,8 +58,8 @@ def settings():
 
 
 def stats():
-    """The runtime's counters: requests, bytes_sent, chunks, preemptions, fused_buffers,
-    fused_tensors and wait_by_priority ({priority: {count, total_s, mean_s}})."""
+    """The runtime's counters: requests, bytes_sent, chunks, in_place (allreduces that wrote
+    into their input's buffer), preemptions, fused_buffers, fused_tensors and wait_by_priority ({priority: {count, total_s, mean_s}})."""
     import json
 
     raw = c_api().mlsl_tf_stats_json()

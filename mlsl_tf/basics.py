@@ -28,6 +28,8 @@ def init(comm=None, process_sets=None):
     lib = _library.c_api()
     if lib.mlsl_tf_init() != 0:
         raise RuntimeError("mlsl_tf.init() failed: " + _library.last_error())
+    from mlsl_tf import threads
+    threads.configure(local_size())  # before TensorFlow starts its pools (see threads.py)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "memory.h"
 #include "reduce.h"
 #include "wire.h"
 
@@ -128,6 +129,8 @@ void Scheduler::Prepare(Work* w) {
       void* out = nullptr;
       Status s = p.request->allocate_output(int(i), p.request->inputs[i].shape, &out);
       if (!s.ok()) w->status = s;
+      // A fresh output (not the forwarded input) is not touched yet: let it fault in huge pages.
+      if (out && out != p.request->inputs[i].data) AdviseHugePages(out, NumElements(p.request->inputs[i].shape) * esize);
       p.outputs.push_back(out);
     }
     stats_->Wait(w->meta.priority, std::chrono::duration<double>(w->first_start - p.agreed).count());

@@ -26,6 +26,9 @@ const std::vector<SettingInfo>& AllSettings() {
        "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core"},
       {"MLSL_TF_TIMELINE", "",
        "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank)"},
+      {"MLSL_TF_INTER_OP_THREADS", "auto",
+       "TensorFlow inter-op threads per rank that init() sets: 'auto' (1, or 2 with 16+ cores per rank), a number, "
+       "or 'tf' for TensorFlow's default (one per core of the machine, too many with several ranks per machine)"},
       {"MLSL_TF_LOG_LEVEL", "warning", "core log level: debug, info, warning or error"},
       {"MLSL_TF_START_TIMEOUT", "",
        "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)"},

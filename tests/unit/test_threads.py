@@ -1,0 +1,54 @@
+"""The inter-op pool that init() sets for several ranks per machine (mlsl_tf/threads.py)."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlsl_tf import threads
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+
+
+@pytest.mark.parametrize("spec,cores,want", [
+    ("auto", 1, 1), ("auto", 15, 1), ("auto", 16, 2), ("auto", 128, 2), ("", 4, 1),
+    ("tf", 8, None), ("TF", 8, None), ("3", 2, 3), (" 1 ", 64, 1),
+])
+def test_inter_op_threads(spec, cores, want):
+    assert threads.inter_op_threads(spec, cores) == want
+
+
+@pytest.mark.parametrize("spec", ["0", "-2", "many", "1.5"])
+def test_bad_setting_names_the_variable(spec):
+    with pytest.raises(ValueError, match="MLSL_TF_INTER_OP_THREADS"):
+        threads.inter_op_threads(spec, 4)
+
+
+def test_cores_per_rank(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    assert threads.cores_per_rank(4) == 4  # unbound: the machine shared among the local ranks
+    assert threads.cores_per_rank(32) == 1
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {2, 3, 4})
+    assert threads.cores_per_rank(4) == 3  # bound by the launcher: its own cores
+
+
+def run_init(env_extra, before_init=""):
+    """Inter-op threads TensorFlow reports after mlsl_tf.init() in a fresh process."""
+    code = ("import tensorflow as tf, mlsl_tf as hvd\n" + before_init +
+            "hvd.init()\nprint('THREADS', tf.config.threading.get_inter_op_parallelism_threads())\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLSL_TF_", "TF_NUM_"))}
+    env.update(env_extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return int(out.stdout.split("THREADS")[1])
+
+
+def test_init_sets_the_pool_and_respects_the_user():
+    assert run_init({}) == threads.inter_op_threads("auto", threads.cores_per_rank(1))
+    assert run_init({"MLSL_TF_INTER_OP_THREADS": "3"}) == 3
+    assert run_init({"MLSL_TF_INTER_OP_THREADS": "tf"}) == 0  # TensorFlow's default, untouched
+    assert run_init({}, "tf.config.threading.set_inter_op_parallelism_threads(5)\n") == 5
+    # A runtime already running keeps its pools; init still succeeds.
+    assert run_init({}, "tf.constant(1.0) + 1.0\n") == 0
