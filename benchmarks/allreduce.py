@@ -140,7 +140,8 @@ def row(nbytes, lat, hvd_lat, hvd_note):
             "mpi_latency_us": p * 1e6, "mpi_algbw_GBps": bw(p),
             "algbw_ratio": p / m, "latency_ratio": m / p,
             "horovod_latency_us": None if h is None else h * 1e6, "horovod_algbw_GBps": bw(h),
-            "horovod_algbw_ratio": None if h is None else p / h, "horovod": hvd_note}
+            "horovod_algbw_ratio": None if h is None else p / h,
+            "horovod_over_mlsl_latency": None if h is None else h / m, "horovod": hvd_note}
 
 
 def summary(rows, nranks, link, hvd_note):
@@ -152,6 +153,10 @@ def summary(rows, nranks, link, hvd_note):
             "latency_ratio_4KiB": small[0] if small else None,
             "latency_target_met": small[0] <= LATENCY_TARGET if small else None,
             "targets": f">= {BANDWIDTH_TARGET}x MPI algbw at >= 1 MiB; 4 KiB latency <= {LATENCY_TARGET:g}x MPI",
+            "horovod_over_mlsl_latency_4KiB": next((r["horovod_over_mlsl_latency"] for r in rows
+                                                    if r["size_bytes"] == LATENCY_AT), None),
+            "horovod_over_mlsl_latency_min": min((r["horovod_over_mlsl_latency"] for r in rows
+                                                  if r["horovod_over_mlsl_latency"] is not None), default=None),
             "horovod": hvd_note}
 
 
