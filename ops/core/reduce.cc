@@ -30,7 +30,11 @@ struct Brain16 {
 // The hot loops for types the CPU adds natively: restrict pointers so the compiler vectorises
 // them, one clone per instruction set (the loader picks the widest this CPU has). MPICH's own
 // reductions are scalar loops, which made the sum most of a large allreduce's time.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
 #define MLSL_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
+#else
+#define MLSL_CLONES  // other CPUs and compilers: the compiler's own vectorisation of the loop
+#endif
 #define MLSL_KERNELS(T)                                                                                   \
   MLSL_CLONES void Sum(T* __restrict d, const T* __restrict s, int64_t n) {                              \
     for (int64_t i = 0; i < n; ++i) d[i] = T(d[i] + s[i]);                                                \
