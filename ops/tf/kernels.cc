@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "tensorflow/core/framework/log_memory.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 
@@ -132,7 +133,19 @@ class CollectiveKernel : public AsyncOpKernel {
     rt->Submit(std::move(r));
   }
 
-  bool CheckDtype(OpKernelContext* ctx, int input, const DoneCallback& done) {
+  // False (and the op finished with an error) when this kernel must not run the collective.
+  bool Admit(OpKernelContext* ctx, int input, const DoneCallback& done) {
+    // Constant folding (the function runtime's, with step id CONSTANT_FOLDING_STEP_ID, and
+    // Grappler's, without a runner) evaluates a node whose inputs are all constants once, while
+    // optimising the graph; a collective folded that way would run at optimisation time, on the
+    // ranks that fold it, and never at run time. Failing here keeps the node (a failed fold is
+    // silent), so the collective runs at every call as written.
+    if (ctx->runner() == nullptr || ctx->step_id() == tensorflow::LogMemory::CONSTANT_FOLDING_STEP_ID) {
+      ctx->SetStatus(tensorflow::errors::FailedPrecondition(
+          "mlsl_tf collectives are not constant-folded: '", name(), "' runs in an executor only"));
+      done();
+      return false;
+    }
     mlsl::DataType unused;
     if (ctx->num_inputs() > input && !ToCore(ctx->input(input).dtype(), &unused)) {
       ctx->SetStatus(tensorflow::errors::InvalidArgument("mlsl_tf does not support dtype ",
@@ -156,7 +169,7 @@ class SingleTensorKernel : public CollectiveKernel {
  public:
   explicit SingleTensorKernel(OpKernelConstruction* c) : CollectiveKernel(c, kOp) {}
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    if (!CheckDtype(ctx, 0, done)) return;
+    if (!Admit(ctx, 0, done)) return;
     auto r = MakeRequest(ctx, 0, 1, done);
     Submit(ctx, std::move(r), done);
   }
@@ -166,7 +179,7 @@ class GroupedAllreduceKernel : public CollectiveKernel {
  public:
   explicit GroupedAllreduceKernel(OpKernelConstruction* c) : CollectiveKernel(c, mlsl::OpType::kAllreduce) {}
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    if (!CheckDtype(ctx, 0, done)) return;
+    if (!Admit(ctx, 0, done)) return;
     auto r = MakeRequest(ctx, 0, ctx->num_inputs(), done);
     Submit(ctx, std::move(r), done);
   }
@@ -176,7 +189,7 @@ class AlltoallKernel : public CollectiveKernel {
  public:
   explicit AlltoallKernel(OpKernelConstruction* c) : CollectiveKernel(c, mlsl::OpType::kAlltoall) {}
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    if (!CheckDtype(ctx, 0, done)) return;
+    if (!Admit(ctx, 0, done)) return;
     auto r = MakeRequest(ctx, 0, 1, done);
     auto splits = ctx->input(1).flat<int32_t>();
     for (int i = 0; i < splits.size(); ++i) r->splits.push_back(splits(i));

@@ -43,27 +43,29 @@ def test_allreduce_every_op(mode, dtype):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16, tf.float32, tf.float64, tf.int32], ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", NUMERIC, ids=lambda d: d.name)
 def test_allreduce_average_and_scaling(mode, dtype):
-    x = tf.cast(tf.fill([4], 2 * (R + 1)), dtype)
+    x = tf.cast(tf.fill([4], 2 * N * (R + 1)), dtype)  # sums divide by N exactly, also in integers
     got = run(mode, lambda t: hvd.allreduce(t, op=hvd.Average, name=f"avg.{mode}.{dtype.name}"), x)
-    want = sum(2 * (r + 1) for r in range(N)) / N
-    if dtype.is_integer:
-        want = int(want)
-    np.testing.assert_allclose(np_of(got), want, rtol=1e-2)
+    assert got.dtype == dtype
+    np.testing.assert_allclose(np_of(got), sum(2 * (r + 1) for r in range(N)), rtol=1e-2)
     got = run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, prescale_factor=0.5, postscale_factor=3.0,
                                             name=f"scaled.{mode}.{dtype.name}"), x)
-    np.testing.assert_allclose(np_of(got), 3.0 * sum(r + 1 for r in range(N)), rtol=1e-2)
+    np.testing.assert_allclose(np_of(got), 3.0 * N * sum(r + 1 for r in range(N)), rtol=1e-2)
 
 
-def test_allreduce_default_is_average_and_bool():
-    got = hvd.allreduce(tf.constant([float(R)]), name="default_avg")
+@pytest.mark.parametrize("mode", MODES)
+def test_allreduce_default_is_average_and_bool(mode):
+    got = run(mode, lambda t: hvd.allreduce(t, name=f"default_avg.{mode}"), tf.constant([float(R)]))
     np.testing.assert_allclose(got.numpy(), [np.mean(range(N))])
     flags = tf.constant([R == 0, True, False])
-    np.testing.assert_array_equal(hvd.allreduce(flags, op=hvd.Max, name="bool_or").numpy(), [True, True, False])
-    np.testing.assert_array_equal(hvd.allreduce(flags, op=hvd.Min, name="bool_and").numpy(), [N == 1, True, False])
+    got_or = run(mode, lambda t: hvd.allreduce(t, op=hvd.Max, name=f"bool_or.{mode}"), flags)
+    got_and = run(mode, lambda t: hvd.allreduce(t, op=hvd.Min, name=f"bool_and.{mode}"), flags)
+    assert got_or.dtype == tf.bool and got_and.dtype == tf.bool
+    np.testing.assert_array_equal(got_or.numpy(), [True, True, False])
+    np.testing.assert_array_equal(got_and.numpy(), [N == 1, True, False])
     with pytest.raises(tf.errors.InvalidArgumentError, match="not meaningful for bool"):
-        hvd.allreduce(flags, op=hvd.Sum, name="bool_sum")
+        run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"bool_sum.{mode}"), flags)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -74,6 +76,27 @@ def test_grouped_allreduce_mixed_dtypes(mode):
     np.testing.assert_array_equal(got[0].numpy(), np.full([2, 2], sum(range(N))))
     np.testing.assert_array_equal(got[1].numpy(), np.full([5], sum(range(1, N + 1))))
     assert got[2].numpy() == sum(range(N))
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", NUMERIC, ids=lambda d: d.name)
+def test_grouped_allreduce_every_op(mode, dtype):
+    """One negotiation for three tensors of one dtype and different shapes, every op."""
+    shapes = [(3, 2), (5,), ()]
+    xs = [rank_data(R, dtype, s) for s in shapes]
+    per_rank = [[np_of(rank_data(r, dtype, s)) for r in range(N)] for s in shapes]
+    reducers = {hvd.Sum: lambda a: np.sum(a, axis=0), hvd.Min: lambda a: np.min(a, axis=0),
+                hvd.Max: lambda a: np.max(a, axis=0)}
+    for op, reduce in reducers.items():
+        got = run(mode, lambda *t: hvd.grouped_allreduce(list(t), op=op, name=f"gar.{mode}.{dtype.name}.{op}"), *xs)
+        assert [g.dtype for g in got] == [dtype] * 3 and [tuple(g.shape) for g in got] == shapes
+        for g, ranks in zip(got, per_rank):
+            np.testing.assert_array_equal(np_of(g), reduce(ranks))
+    ys = [tf.cast(tf.fill(s, 2 * N * (R + 1)), dtype) for s in shapes]
+    got = run(mode, lambda *t: hvd.grouped_allreduce(list(t), op=hvd.Average, postscale_factor=2.0,
+                                                      name=f"gar.{mode}.{dtype.name}.avg"), *ys)
+    for g, s in zip(got, shapes):
+        np.testing.assert_allclose(np_of(g), np.full(s, 4.0 * sum(r + 1 for r in range(N))), rtol=1e-2)
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -96,7 +119,7 @@ def test_broadcast_every_root(mode, dtype):
 
 
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("dtype", [tf.uint8, tf.int64, tf.bfloat16, tf.float32, tf.bool], ids=lambda d: d.name)
+@pytest.mark.parametrize("dtype", NUMERIC + [tf.bool], ids=lambda d: d.name)
 def test_alltoall_with_splits(mode, dtype):
     # rank r sends r + d + 1 rows to rank d, each row filled with 10 * r + d
     splits = [R + d + 1 for d in range(N)]
@@ -108,30 +131,48 @@ def test_alltoall_with_splits(mode, dtype):
     np.testing.assert_array_equal(received.numpy(), [s + R + 1 for s in range(N)])
 
 
-def test_alltoall_even_split_default():
+@pytest.mark.parametrize("mode", MODES)
+def test_alltoall_even_split_default(mode):
     x = tf.reshape(tf.range(2 * N, dtype=tf.int32) + 100 * R, [2 * N, 1])
-    got, received = hvd.alltoall(x, name="a2a_even")
+    got, received = run(mode, lambda t: hvd.alltoall(t, name=f"a2a_even.{mode}"), x)
     want = np.concatenate([[2 * R + 100 * s, 2 * R + 1 + 100 * s] for s in range(N)]).reshape(-1, 1)
     np.testing.assert_array_equal(got.numpy(), want)
     np.testing.assert_array_equal(received.numpy(), [2] * N)
 
 
 @pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("dtype", NUMERIC, ids=lambda d: d.name)
 @pytest.mark.parametrize("op", [hvd.Sum, hvd.Average], ids=["sum", "average"])
-def test_reducescatter_uneven(mode, op):
+def test_reducescatter_uneven(mode, dtype, op):
     rows = 2 * N + 1  # the first rank gets one row more
-    x = tf.reshape(tf.range(rows * 3, dtype=tf.float32), [rows, 3]) * (R + 1)
-    got = run(mode, lambda t: hvd.reducescatter(t, op=op, name=f"rs.{mode}.{op}"), x)
-    full = np.arange(rows * 3, dtype=np.float32).reshape(rows, 3) * sum(range(1, N + 1))
+    base = np.arange(rows * 3).reshape(rows, 3) % 5 + 1
+    x = tf.cast(tf.constant(base * N * (R + 1)), dtype)  # sums divide by N exactly, also in integers
+    got = run(mode, lambda t: hvd.reducescatter(t, op=op, name=f"rs.{mode}.{dtype.name}.{op}"), x)
+    full = base * N * sum(range(1, N + 1))
     if op == hvd.Average:
-        full = full / N
+        full = full // N
     counts = [rows // N + (1 if r < rows % N else 0) for r in range(N)]
     start = sum(counts[:R])
-    np.testing.assert_allclose(got.numpy(), full[start:start + counts[R]], rtol=1e-6)
+    assert got.dtype == dtype
+    np.testing.assert_array_equal(np_of(got), full[start:start + counts[R]])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_reducescatter_scaling(mode):
+    x = tf.ones([2 * N, 2]) * (R + 1)
+    got = run(mode, lambda t: hvd.reducescatter(t, op=hvd.Sum, prescale_factor=0.5, postscale_factor=4.0,
+                                                name=f"rs_scaled.{mode}"), x)
+    np.testing.assert_allclose(got.numpy(), np.full([2, 2], 2.0 * sum(range(1, N + 1))))
 
 
 def test_barrier_and_process_queries():
     hvd.barrier()
+
+    @tf.function
+    def graph_barrier():
+        hvd.barrier(name="barrier.graph")
+
+    graph_barrier()
     assert 0 <= hvd.local_rank() < hvd.local_size() <= N
     assert hvd.cross_size() * hvd.local_size() == N
     assert hvd.mpi_threads_supported() and hvd.mpi_enabled() and hvd.mpi_built()
@@ -173,3 +214,24 @@ def test_allreduce_chain_runs_in_place():
     got = chain(tf.ones([1 << 20]))
     np.testing.assert_array_equal(got.numpy(), np.full(1 << 20, float(N) ** 3, np.float32))
     assert hvd.stats()["in_place"] - before >= 2  # the 2nd and 3rd; the 1st reads the caller's tensor
+
+
+def test_constant_inputs_run_at_every_call():
+    """Collectives of constants inside a tf.function are not constant-folded away: each call runs
+    each of them (folded, they would run once, while the graph is optimised, on the ranks that
+    fold them)."""
+    @tf.function
+    def consts():
+        x = tf.constant([[1.0, 2.0]] * (2 * N)) * 2.0
+        return (hvd.allreduce(x, op=hvd.Sum, name="const.ar"), hvd.allgather(x, name="const.ag"),
+                hvd.broadcast(x, 0, name="const.bc"), hvd.alltoall(x, name="const.a2a")[0],
+                hvd.reducescatter(x, op=hvd.Sum, name="const.rs"),
+                hvd.grouped_allreduce([x, x], op=hvd.Sum, name="const.gar")[0])
+
+    before = hvd.stats()["requests"]
+    for _ in range(3):
+        ar, ag, bc, a2a, rs, gar = consts()
+    assert hvd.stats()["requests"] - before == 3 * 6
+    np.testing.assert_array_equal(ar.numpy(), np.tile([[2.0 * N, 4.0 * N]], (2 * N, 1)))
+    np.testing.assert_array_equal(gar.numpy(), ar.numpy())
+    assert ag.shape == (2 * N * N, 2) and a2a.shape == (2 * N, 2) and rs.shape == (2, 2)
