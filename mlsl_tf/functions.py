@@ -24,7 +24,7 @@ def _placement(v, root_rank, process_set):
     if dp is None:
         raise ValueError(f"broadcast_variables: '{v.name}' is sharded over group {mp.ranks}; a world broadcast "
                          "would overwrite the other shards. Pass process_set=<the data-parallel group>")
-    return dp, root_rank // mp.size()
+    return dp, dp.ranks[root_rank // mp.size()]  # the root's model replica holds this shard there
 
 
 def broadcast_variables(variables, root_rank, process_set=None):

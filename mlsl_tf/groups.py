@@ -4,8 +4,8 @@ A group is a sorted list of world ranks that runs collectives among themselves; 
 it as `group=` (or Horovod's `process_set=`). Creating and removing groups is collective: every
 rank of the world calls it, in the same order, with the same ranks, also the ranks that are not
 members (the core then builds the group's communicator on all of them at once). A rank's index
-in the group is its position in the sorted list; a broadcast's root_rank and the order of an
-allgather's blocks are indices in the group.
+in the group is its position in the sorted list, which orders an allgather's blocks and an
+alltoall's splits; a broadcast's root_rank stays a world rank (it must be a member), as in Horovod.
 
     mp, dp = mlsl_tf.groups.grid(model_parallel=2)   # on 4 ranks: mp {0,1},{2,3}; dp {0,2},{1,3}
     y = mlsl_tf.allreduce(x, group=mp)

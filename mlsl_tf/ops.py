@@ -163,12 +163,27 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, prio
                                  priority=priority, process_set_id=_group_id(process_set))
 
 
+def _root_index(root_rank, process_set):
+    """The op's root: broadcast's root_rank is a world rank (as in Horovod, also with a group);
+    the op takes the root's index in the group."""
+    root_rank = int(root_rank)
+    group_id = _group_id(process_set)
+    if group_id == 0:
+        return root_rank
+    from mlsl_tf.groups import process_set_by_id
+    ranks = process_set_by_id(group_id).ranks
+    if root_rank not in ranks:
+        raise ValueError(f"broadcast: root_rank {root_rank} is not a member of the group {ranks} "
+                         "(root_rank is a world rank)")
+    return ranks.index(root_rank)
+
+
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
     """Every rank receives root_rank's tensor. With `group` (alias of `process_set`), every
-    member receives the tensor of the member whose index IN THE GROUP is root_rank."""
+    member receives it from root_rank, which is a world rank and must be a member, as in Horovod."""
     process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
-    return _ops().mlsl_broadcast(tensor, root_rank=root_rank,
+    return _ops().mlsl_broadcast(tensor, root_rank=_root_index(root_rank, process_set),
                                  tensor_name=_tensor_name(name, "MlslBroadcast", ignore_name_scope),
                                  priority=priority, process_set_id=_group_id(process_set))
 
@@ -251,7 +266,7 @@ def _allgather_grad(op, grad):
 def _broadcast_grad(op, grad):
     group = op.get_attr("process_set_id")
     reduced = _allreduce(grad, Sum, process_set=group)
-    if _group_rank_and_size(group)[0] != op.get_attr("root_rank"):  # root_rank: an index in the group
+    if _group_rank_and_size(group)[0] != op.get_attr("root_rank"):  # the op's attr: the root's index in the group
         return reduced * 0
     return reduced
 

@@ -6,6 +6,8 @@ model against the same model trained in one process on the same global batch.
 The reference computations run inside every rank with plain TensorFlow / Keras on the full
 data, so each rank checks its own shard of the answer."""
 
+import re
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -135,7 +137,7 @@ def test_group_collectives(groups, kind, mode):
                 hvd.allreduce(x, op=hvd.Average, process_set=g, name=f"c.avg.{kind}"),
                 hvd.grouped_allreduce([x, 2 * x], op=hvd.Sum, group=g, name=f"c.gar.{kind}"),
                 hvd.allgather(tf.fill([me + 1, 2], float(R)), group=g, name=f"c.ag.{kind}"),
-                hvd.broadcast(tf.constant([float(R)] * 3), root_rank=k - 1, group=g, name=f"c.bc.{kind}"),
+                hvd.broadcast(tf.constant([float(R)] * 3), root_rank=ranks[-1], group=g, name=f"c.bc.{kind}"),
                 hvd.alltoall(tf.reshape(tf.range(2 * k, dtype=tf.float32), [k, 2]) + 100 * R, group=g,
                              name=f"c.a2a.{kind}")[0],
                 hvd.reducescatter(tf.ones([2 * k, 3]) * (R + 1), op=hvd.Sum, group=g, name=f"c.rs.{kind}"))
@@ -146,7 +148,7 @@ def test_group_collectives(groups, kind, mode):
     np.testing.assert_allclose(avg.numpy(), [s / k, 2 * s / k], rtol=1e-6)
     np.testing.assert_allclose(gar2.numpy(), [2 * s, 4 * s])
     np.testing.assert_allclose(ag.numpy(), np.concatenate([np.full([i + 1, 2], float(r)) for i, r in enumerate(ranks)]))
-    np.testing.assert_allclose(bc.numpy(), [float(ranks[-1])] * 3)  # root_rank is an index in the group
+    np.testing.assert_allclose(bc.numpy(), [float(ranks[-1])] * 3)  # root_rank: a world rank
     np.testing.assert_allclose(a2a.numpy(), [[2 * me + 100 * r, 2 * me + 1 + 100 * r] for r in ranks])
     np.testing.assert_allclose(rs.numpy(), np.full([2, 3], s))
     hvd.barrier(group=g)
@@ -348,7 +350,7 @@ def _core_case(op, k, me):
         return ((me + 1, 3), (k * (k + 1) // 2, 3), lambda x, g: hvd.allgather(x, group=g),
                 lambda xs: [tf.concat(xs, 0)] * k)
     if op == "broadcast":  # root: the last member
-        return ((2, 3), (2, 3), lambda x, g: hvd.broadcast(x, root_rank=k - 1, group=g), lambda xs: [xs[-1]] * k)
+        return ((2, 3), (2, 3), lambda x, g: hvd.broadcast(x, root_rank=g.ranks[-1], group=g), lambda xs: [xs[-1]] * k)
     if op in ("allreduce_sum", "allreduce_avg"):
         avg = op == "allreduce_avg"
         return ((2, 3), (2, 3), lambda x, g: hvd.allreduce(x, op=hvd.Average if avg else hvd.Sum, group=g),
@@ -533,6 +535,22 @@ def test_hybrid_variables_are_marked(groups):
     replicated = [v.path for v in model.weights if replicated_group(v) is mp]
     assert len(sharded) == 6 and len(replicated) == 2  # 4 kernels and 2 column biases; 2 row biases
     assert all(sharded_group(v) is None and replicated_group(v) is None for v in model.layers[0].weights)
+
+
+def test_broadcast_root_is_a_world_rank(groups):
+    """As in Horovod, root_rank names a world rank also with a group (here the odd ranks, whose
+    first member is world rank 1), for broadcast and broadcast_object alike."""
+    odd = groups["odd"]
+    if odd.included():
+        root = odd.ranks[-1]
+        got = hvd.broadcast(tf.fill([2], float(R)), root_rank=root, process_set=odd, name="odd.bc")
+        np.testing.assert_array_equal(got.numpy(), [float(root)] * 2)
+        obj = hvd.broadcast_object({"from": R}, root_rank=root, process_set=odd, name="odd.obj")
+        assert obj == {"from": root}
+    g = odd if odd.included() else groups["even"]
+    outsider = groups["even"].ranks[0] if g is odd else odd.ranks[0]
+    with pytest.raises(ValueError, match=re.escape(f"root_rank {outsider} is not a member of the group {g.ranks}")):
+        hvd.broadcast(tf.ones([2]), root_rank=outsider, group=g)
 
 
 def test_broadcast_variables_keeps_shards_apart(groups):
