@@ -225,8 +225,10 @@ def barrier(process_set=None, name=None, group=None):
 
 def join():
     """Marks this rank as finished: until every rank has joined, this rank contributes the
-    identity (zeros for Sum) to the others' collectives. Returns the last rank to join."""
-    return int(_ops().mlsl_join())
+    identity (zeros for Sum) to the others' collectives. Returns the last rank to join: an int
+    in eager mode, an int32 tensor inside a tf.function."""
+    last = _ops().mlsl_join()
+    return int(last) if tf.executing_eagerly() else last
 
 
 # ---- gradients ------------------------------------------------------------------------------

@@ -22,30 +22,62 @@ def expect_error(fn, *patterns):
         assert p in str(info.value), f"{p!r} not in {info.value}"
 
 
-def test_shape_mismatch():
-    expect_error(lambda: hvd.allreduce(tf.ones([2 + (R == N - 1)]), name="bad_shape"),
-                 "'bad_shape'", "shape [2] on rank 0 vs [3] on rank " + str(N - 1))
+MODES = ["eager", "graph"]
 
 
-def test_dtype_mismatch():
+def run(mode, fn, *args):
+    return tf.function(fn)(*args) if mode == "graph" else fn(*args)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_shape_mismatch(mode):
+    expect_error(lambda: run(mode, lambda t: hvd.allreduce(t, name=f"bad_shape.{mode}"), tf.ones([2 + (R == N - 1)])),
+                 f"'bad_shape.{mode}'", "shape [2] on rank 0 vs [3] on rank " + str(N - 1))
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_dtype_mismatch(mode):
     x = tf.ones([2], tf.float32 if R == 0 else tf.float64)
-    expect_error(lambda: hvd.allreduce(x, name="bad_dtype"), "'bad_dtype'", "dtype float32 on rank 0 vs float64 on rank 1")
+    expect_error(lambda: run(mode, lambda t: hvd.allreduce(t, name=f"bad_dtype.{mode}"), x),
+                 f"'bad_dtype.{mode}'", "dtype float32 on rank 0 vs float64 on rank 1")
 
 
-def test_op_mismatch():
-    expect_error(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum if R == 0 else hvd.Max, name="bad_op"),
-                 "'bad_op'", "reduction Sum on rank 0 vs Max on rank 1")
+@pytest.mark.parametrize("mode", MODES)
+def test_op_mismatch(mode):
+    op = hvd.Sum if R == 0 else hvd.Max
+    expect_error(lambda: run(mode, lambda t: hvd.allreduce(t, op=op, name=f"bad_op.{mode}"), tf.ones([2])),
+                 f"'bad_op.{mode}'", "reduction Sum on rank 0 vs Max on rank 1")
 
 
-def test_collective_kind_mismatch():
-    x = tf.ones([2])
-    fn = (lambda: hvd.allreduce(x, name="bad_kind")) if R == 0 else (lambda: hvd.allgather(x, name="bad_kind"))
-    expect_error(fn, "'bad_kind'", "operation allreduce on rank 0 vs allgather on rank 1")
+@pytest.mark.parametrize("mode", MODES)
+def test_collective_kind_mismatch(mode):
+    name = f"bad_kind.{mode}"
+    fn = (lambda t: hvd.allreduce(t, name=name)) if R == 0 else (lambda t: hvd.allgather(t, name=name))
+    expect_error(lambda: run(mode, fn, tf.ones([2])), f"'{name}'", "operation allreduce on rank 0 vs allgather on rank 1")
 
 
-def test_root_mismatch():
-    expect_error(lambda: hvd.broadcast(tf.ones([2]), root_rank=R, name="bad_root"),
-                 "'bad_root'", "root_rank 0 on rank 0 vs 1 on rank 1")
+@pytest.mark.parametrize("mode", MODES)
+def test_root_mismatch(mode):
+    expect_error(lambda: run(mode, lambda t: hvd.broadcast(t, root_rank=R, name=f"bad_root.{mode}"), tf.ones([2])),
+                 f"'bad_root.{mode}'", "root_rank 0 on rank 0 vs 1 on rank 1")
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_count_mismatch(mode):
+    xs = [tf.ones([2])] * (2 if R == 0 else 3)
+    expect_error(lambda: run(mode, lambda *t: hvd.grouped_allreduce(list(t), name=f"bad_group.{mode}"), *xs),
+                 f"'bad_group.{mode}'", "on rank 0 vs", "on rank 1")
+
+
+def test_scale_mismatch():
+    expect_error(lambda: hvd.allreduce(tf.ones([2]), op=hvd.Sum, prescale_factor=1.0 + R, name="bad_scale"),
+                 "'bad_scale'", "on rank 0 vs", "on rank 1")
+
+
+def test_reducescatter_dtype_mismatch():
+    x = tf.ones([2 * N], tf.float32 if R == 0 else tf.int32)
+    expect_error(lambda: hvd.reducescatter(x, op=hvd.Sum, name="bad_rs"), "'bad_rs'",
+                 "dtype float32 on rank 0 vs int32 on rank 1")
 
 
 def test_allgather_trailing_shape_mismatch():
@@ -104,3 +136,12 @@ def test_join_returns_last_rank():
         assert got.numpy()[0] == sum(range(1, N))
         time.sleep(0.3 * (R - 1))  # the allreduce finished everywhere at once: join in rank order
         assert hvd.join() == N - 1
+
+
+def test_join_in_tf_function():
+    """join works inside a tf.function too (a tensor there), with the same answer on every rank."""
+    time.sleep(0.5 * R)  # join in rank order
+    last = tf.function(hvd.join)()
+    assert isinstance(last, tf.Tensor) and last.dtype == tf.int32
+    assert int(last) == N - 1
+    assert hvd.allgather_object(int(last)) == [N - 1] * N
