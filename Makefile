@@ -63,8 +63,9 @@ build/core_tests: $(CORE_SRC) $(TEST_SRC) $(HEADERS)
 core-tests: build/core_tests
 	timeout 300 build/core_tests
 
+# One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout).
 test-unit: venv lib
-	$(PYTHON) -m pytest -q tests/unit
+	timeout $(TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 tests/unit
 
 # Each multi-rank file runs under its own timeout: a hang is a failure. Every file runs on 2
 # and 3 ranks; the files in MPI4_TESTS (groups need 4 ranks for a 2x2 grid; bf16 error vs

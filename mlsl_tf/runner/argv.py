@@ -527,12 +527,13 @@ def build_mpich_argv(plan: LaunchPlan) -> list[str]:
 
 
 def build_openmpi_argv(plan: LaunchPlan) -> list[str]:
-    """Open MPI: ``mpirun -np N [-H h:n,...] --bind-to none --map-by slot -x V=X... cmd``.
+    """Open MPI: ``mpirun --allow-run-as-root -np N [-H h:n,...] --bind-to none --map-by slot
+    -x V=X... cmd``.
 
     No binding, so the runtime may pin its progress thread itself; ranks fill
-    hosts slot by slot, as horovodrun does.
+    hosts slot by slot, and root (containers, CI) may launch, as with horovodrun.
     """
-    argv = [plan.program, "-np", str(plan.num_proc)]
+    argv = [plan.program, "--allow-run-as-root", "-np", str(plan.num_proc)]
     if plan.hosts is not None:
         argv += ["-H", format_hosts(plan.hosts)]
     argv += ["--bind-to", "none", "--map-by", "slot"]

@@ -106,7 +106,7 @@ def check_build_text(tf_loaded: bool, tf_reason: str, mpi_found: bool,
              "    [ ] PyTorch", "    [ ] MXNet", "",
              "Available Controllers:", f"    {mark(mpi_found)} MPI", "    [ ] Gloo", "",
              "Available Tensor Operations:", "    [ ] NCCL", "    [ ] DDL", "    [ ] CCL",
-             "    [X] MPI", "    [ ] Gloo"]
+             f"    {mark(tf_loaded)} MPI", "    [ ] Gloo"]
     return "\n".join(lines) + "\n"
 
 

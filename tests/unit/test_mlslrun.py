@@ -314,8 +314,12 @@ def test_check_build_text():
     text = launch.check_build_text(False, "ImportError: no op library", True, "0.1")
     assert text.startswith("mlsl_tf v0.1:\n")
     assert "[ ] TensorFlow  (ImportError: no op library)" in text
-    assert "[X] MPI" in text
-    assert "[X] TensorFlow\n" in launch.check_build_text(True, "", False, "0.1")
+    controllers, operations = text.split("Available Tensor Operations:")
+    assert "[X] MPI" in controllers and "[ ] MPI" in operations  # no op library: no MPI operations
+    loaded = launch.check_build_text(True, "", False, "0.1")
+    assert "[X] TensorFlow\n" in loaded
+    controllers, operations = loaded.split("Available Tensor Operations:")
+    assert "[ ] MPI" in controllers and "[X] MPI" in operations
 
 
 def test_find_mpiexec_prefers_the_python_sibling(tmp_path):

@@ -330,7 +330,7 @@ def test_verbose_does_not_change_the_argv():
 
 def test_openmpi_local():
     argv = A.build_launch_argv("openmpi", plan_for(["-np", "2", "python"], program="mpirun"))
-    assert argv == ["mpirun", "-np", "2", "--bind-to", "none", "--map-by", "slot",
+    assert argv == ["mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "none", "--map-by", "slot",
                     *rank_cmd("python")]
 
 
@@ -339,7 +339,7 @@ def test_openmpi_hosts_env_and_mpi_args():
                      "--mpi-args", "--oversubscribe", "python"],
                     program="mpirun", environ={"PATH": "/bin"})
     assert A.build_launch_argv("openmpi", plan) == [
-        "mpirun", "-np", "4", "-H", "a:2,b:2", "--bind-to", "none", "--map-by", "slot",
+        "mpirun", "--allow-run-as-root", "-np", "4", "-H", "a:2,b:2", "--bind-to", "none", "--map-by", "slot",
         "-x", "FOO=a b", "-x", "PATH=/bin", "--oversubscribe", *rank_cmd("python", np=4)]
 
 
