@@ -199,8 +199,8 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
                                 priority=priority, process_set_id=_group_id(process_set))
 
 
-def reducescatter(tensor, op=Average, name=None, process_set=None, ignore_name_scope=False, prescale_factor=1.0,
-                  postscale_factor=1.0, priority=0, group=None, compression=Compression.none):
+def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None, process_set=None,
+                  ignore_name_scope=False, prescale_factor=1.0, postscale_factor=1.0, priority=0, group=None):
     """Reduces over all ranks; rank r keeps the r-th block of rows (the first dim0 % size ranks
     get one row more). With `group` (alias of `process_set`): over the members, member i (its
     index in the group) keeping the i-th block; Average divides by the group's size. With

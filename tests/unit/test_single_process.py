@@ -169,3 +169,28 @@ def test_stats_count_requests_and_chunks():
     assert after["chunks"] >= before["chunks"] + 1
     assert after["bytes_sent"] >= before["bytes_sent"] + 4000
     assert set(after) >= {"preemptions", "fused_buffers", "wait_by_priority"}
+
+
+# Horovod 0.28.1's horovod.tensorflow parameters, in order: a script that passes them
+# positionally or by name runs unchanged (mlsl_tf's own, like priority=, come after them).
+HOROVOD_SIGNATURES = {
+    "allreduce": ["tensor", "average", "device_dense", "device_sparse", "compression", "op", "prescale_factor",
+                  "postscale_factor", "name", "process_set", "ignore_name_scope"],
+    "grouped_allreduce": ["tensors", "average", "device_dense", "device_sparse", "compression", "op",
+                          "prescale_factor", "postscale_factor"],
+    "allgather": ["tensor", "name", "ignore_name_scope", "process_set"],
+    "broadcast": ["tensor", "root_rank", "name", "ignore_name_scope", "process_set"],
+    "alltoall": ["tensor", "splits", "name", "ignore_name_scope", "process_set"],
+    "reducescatter": ["tensor", "device_dense", "compression", "op", "name", "process_set", "ignore_name_scope",
+                      "prescale_factor", "postscale_factor"],
+    "broadcast_variables": ["variables", "root_rank"],
+    "broadcast_object": ["obj", "root_rank", "session", "name", "process_set"],
+    "allgather_object": ["obj", "session", "name", "process_set"],
+}
+
+
+@pytest.mark.parametrize("fn", sorted(HOROVOD_SIGNATURES))
+def test_signatures_start_like_horovods(fn):
+    import inspect
+    params = list(inspect.signature(getattr(hvd, fn)).parameters)
+    assert params[:len(HOROVOD_SIGNATURES[fn])] == HOROVOD_SIGNATURES[fn]
