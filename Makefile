@@ -26,27 +26,39 @@ HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
 LIB       := mlsl_tf/_mlsl_tf.so
 TIMEOUT   ?= 600
 
-.PHONY: venv lib core-tests test test-unit test-mpi example clean
+.PHONY: venv lib core-tests test test-unit test-mpi example clean FORCE
 
 $(VENV)/.stamp: requirements.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
+	# mlsl_tf itself, editable (the ops are built by `make lib`): `import mlsl_tf` and `mlslrun` work anywhere
+	MLSL_TF_SKIP_BUILD=1 $(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 venv: $(VENV)/.stamp
 
-# One object per source (make -j builds them in parallel); any header change rebuilds all.
+# One object per source (make -j builds them in parallel); any header change rebuilds all, and
+# so does another compiler, MPI or TensorFlow (a library built for one environment is never
+# shipped into another by `pip install .`).
 OBJ := $(patsubst ops/%.cc,build/obj/%.o,$(CORE_SRC) $(MPI_SRC) $(TF_SRC))
+TOOLCHAIN := build/toolchain.txt
+
+$(TOOLCHAIN): FORCE
+	@mkdir -p build
+	@printf '%s\n' '$(MPICXX)' '$(TF_CFLAGS)' '$(TF_LFLAGS)' > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; echo "toolchain changed: rebuilding the ops"; fi
+
+FORCE:
 
 # The reduction kernels are vectorised loops (one clone per instruction set): -O3 vectorises them.
 build/obj/core/reduce.o: CXXSTD += -O3
 
-build/obj/core/%.o: ops/core/%.cc $(HEADERS)
+build/obj/core/%.o: ops/core/%.cc $(HEADERS) $(TOOLCHAIN)
 	@mkdir -p $(dir $@)
 	$(MPICXX) $(CXXSTD) -c $< -o $@
 
-build/obj/tf/%.o: ops/tf/%.cc $(HEADERS)
+build/obj/tf/%.o: ops/tf/%.cc $(HEADERS) $(TOOLCHAIN)
 	@mkdir -p $(dir $@)
 	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow is not importable by $(PYTHON)"; exit 1)
 	$(MPICXX) $(CXXSTD) $(TF_CFLAGS) -Iops -c $< -o $@

@@ -12,10 +12,12 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 
 
 class BuildOps(build_py):
-    """Runs `make lib` with this interpreter before copying the package."""
+    """Runs `make lib` with this interpreter before copying the package (not with
+    MLSL_TF_SKIP_BUILD=1: `make venv`'s editable install, whose ops `make lib` builds)."""
 
     def run(self):
-        subprocess.check_call(["make", "-j2", "lib", f"PYTHON={sys.executable}"], cwd=HERE)
+        if os.environ.get("MLSL_TF_SKIP_BUILD") != "1":
+            subprocess.check_call(["make", "-j2", "lib", f"PYTHON={sys.executable}"], cwd=HERE)
         super().run()
 
 
