@@ -89,6 +89,60 @@ def test_rank_exit_code_fails_the_job_and_is_named():
     assert "mlslrun: rank 1 (host " in r.stderr and "exited with code 3" in r.stderr
 
 
+# Real mlsl_tf jobs. No mpi4py here: mlsl_tf initialises MPI itself (tests/mpi import mpi4py
+# first, so there mlsl_tf runs over a duplicate of mpi4py's world).
+
+@needs_mpi
+def test_mlsl_tf_job_initialises_mpi_itself():
+    r = mlslrun("-np", "2", *program("""
+        import mlsl_tf as hvd, tensorflow as tf
+        hvd.init()
+        assert "mpi4py" not in sys.modules
+        got = hvd.allreduce(tf.constant([float(RANK + 1)]), op=hvd.Sum, name="own_mpi").numpy()
+        print(f"rank {hvd.rank()} of {hvd.size()} got {got[0]}", flush=True)
+    """), timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "rank 0 of 2 got 3.0" in r.stdout and "rank 1 of 2 got 3.0" in r.stdout
+
+
+@needs_mpi
+def test_rank_that_raises_fails_its_peers_pending_collective():
+    # rank 1 raises; at exit it shuts mlsl_tf down, and rank 0's allreduce fails instead of waiting
+    r = mlslrun("-np", "2", *program("""
+        import mlsl_tf as hvd, tensorflow as tf
+        hvd.init()
+        if RANK == 1:
+            time.sleep(1)
+            raise RuntimeError("rank 1 gives up")
+        try:
+            hvd.allreduce(tf.ones([4]), name="abandoned")
+        except tf.errors.OpError as e:
+            print(f"rank 0 error: {e.message}", flush=True)
+            sys.exit(5)
+        print("rank 0: no error", flush=True)
+    """), timeout=240)
+    assert r.returncode != 0
+    assert "rank 1 gives up" in r.stderr
+    assert "rank 0 error:" in r.stdout and "rank 1 shut down" in r.stdout and "'abandoned'" in r.stdout, r.stdout
+    assert re.search(r"mlslrun: rank 1 \(host .*exited with code 1", r.stderr), r.stderr
+
+
+@needs_mpi
+def test_rank_killed_inside_mlsl_tf_fails_the_job():
+    # rank 0 is blocked in a collective whose peer died: the job is torn down, naming rank 1
+    r = mlslrun("-np", "2", *program("""
+        import mlsl_tf as hvd, tensorflow as tf
+        hvd.init()
+        hvd.allreduce(tf.ones([4]), name="warm_up")
+        if RANK == 1:
+            os.kill(os.getpid(), signal.SIGKILL)
+        hvd.allreduce(tf.ones([1 << 20]), name="never_answered")
+        time.sleep(600)
+    """), timeout=240)
+    assert r.returncode != 0
+    assert "rank 1" in r.stderr and "was killed by signal SIGKILL" in r.stderr, r.stderr
+
+
 @needs_mpi
 def test_output_filename_writes_per_rank_files(tmp_path):
     # relative to mlslrun's working directory, as every rank must see it
