@@ -235,3 +235,30 @@ def test_constant_inputs_run_at_every_call():
     np.testing.assert_array_equal(ar.numpy(), np.tile([[2.0 * N, 4.0 * N]], (2 * N, 1)))
     np.testing.assert_array_equal(gar.numpy(), ar.numpy())
     assert ag.shape == (2 * N * N, 2) and a2a.shape == (2 * N, 2) and rs.shape == (2, 2)
+
+
+def test_mpi4py_collectives_alongside_mlsl_tf():
+    """mlsl_tf runs over a duplicate of mpi4py's world: the user's own MPI collectives, on the
+    main thread, and mlsl_tf's, in flight from another thread at the same time, do not mix."""
+    import threading
+
+    from mpi4py import MPI
+
+    results, errors = [], []
+
+    def collectives():
+        try:
+            for i in range(20):
+                x = tf.fill([1000], float(R + i))
+                results.append(hvd.allreduce(x, op=hvd.Sum, name=f"beside_mpi4py.{i}").numpy())
+        except Exception as e:  # reported below, on the main thread
+            errors.append(e)
+
+    t = threading.Thread(target=collectives)
+    t.start()
+    mine = [MPI.COMM_WORLD.allreduce(R * 100 + i) for i in range(200)]
+    t.join(timeout=60)
+    assert not t.is_alive() and not errors, errors
+    assert mine == [sum(r * 100 + i for r in range(N)) for i in range(200)]
+    for i, got in enumerate(results):
+        np.testing.assert_array_equal(got, np.full(1000, sum(r + i for r in range(N)), np.float32))
