@@ -163,11 +163,10 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, prio
                                  priority=priority, process_set_id=_group_id(process_set))
 
 
-def _root_index(root_rank, process_set):
+def _root_index(root_rank, group_id):
     """The op's root: broadcast's root_rank is a world rank (as in Horovod, also with a group);
     the op takes the root's index in the group."""
     root_rank = int(root_rank)
-    group_id = _group_id(process_set)
     if group_id == 0:
         return root_rank
     from mlsl_tf.groups import process_set_by_id
@@ -181,11 +180,11 @@ def _root_index(root_rank, process_set):
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
     """Every rank receives root_rank's tensor. With `group` (alias of `process_set`), every
     member receives it from root_rank, which is a world rank and must be a member, as in Horovod."""
-    process_set = _group(process_set, group)
+    group_id = _group_id(_group(process_set, group))
     tensor = tf.convert_to_tensor(tensor)
-    return _ops().mlsl_broadcast(tensor, root_rank=_root_index(root_rank, process_set),
+    return _ops().mlsl_broadcast(tensor, root_rank=_root_index(root_rank, group_id),
                                  tensor_name=_tensor_name(name, "MlslBroadcast", ignore_name_scope),
-                                 priority=priority, process_set_id=_group_id(process_set))
+                                 priority=priority, process_set_id=group_id)
 
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
