@@ -29,7 +29,7 @@ def init(comm=None, process_sets=None):
     if lib.mlsl_tf_init() != 0:
         raise RuntimeError("mlsl_tf.init() failed: " + _library.last_error())
     from mlsl_tf import threads
-    threads.configure(local_size())  # before TensorFlow starts its pools (see threads.py)
+    threads.configure()  # before TensorFlow starts its pools (see threads.py)
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
@@ -42,7 +42,14 @@ def init(comm=None, process_sets=None):
 
 def shutdown():
     """Stops the runtime on this rank. Other ranks' pending collectives then fail with an error
-    naming this rank. init() may be called again afterwards."""
+    naming this rank. init() may be called again afterwards. Optimizer updates still deferred
+    (cross-iteration overlap) are applied first."""
+    overlap = sys.modules.get("mlsl_tf.overlap")
+    if overlap is not None and is_initialized():
+        try:
+            overlap.flush_all()
+        except Exception as e:  # a peer already gone: its reductions fail, shut down anyway
+            print(f"mlsl_tf: shutdown could not apply deferred updates: {e}", file=sys.stderr)
     _library.c_api().mlsl_tf_shutdown()
     groups = sys.modules.get("mlsl_tf.groups")
     if groups is not None:

@@ -17,7 +17,7 @@ import weakref
 
 import tensorflow as tf
 
-from mlsl_tf import ops
+from mlsl_tf import ops, overlap
 from mlsl_tf.compression import Compression
 from mlsl_tf.groups import check_reduction_group
 
@@ -130,9 +130,34 @@ class _DistributedOptimizer:
     _mlsl_passes = 1
     _mlsl_average_aggregated = False
 
+    _mlsl_cross_iteration = None
+
     def build(self, variables):
         super().build(variables)
+        self._mlsl_after_build()
+
+    def _mlsl_after_build(self):
         self._mlsl_make_accumulators()
+        self._mlsl_make_deferral()
+
+    def _mlsl_make_deferral(self):
+        """Cross-iteration overlap (mlsl_tf/overlap.py) for every trainable variable, when the
+        options and the wrapped optimizer allow it."""
+        if self.__dict__.get("_mlsl_deferral") is not None or not overlap.enabled(self._mlsl_cross_iteration):
+            return
+        options = self._mlsl_options
+        keras_variables = all(isinstance(v, keras_variable_class()) for v in self._trainable_variables)
+        reason = ("backward_passes_per_step > 1" if self._mlsl_passes > 1 else
+                  "num_groups/groups fuse gradients across variables" if options.groups else
+                  "a variable is not a Keras variable" if not keras_variables else
+                  overlap.why_not_deferred(self, _base_class(self)))
+        if reason:
+            import logging
+            logging.getLogger("mlsl_tf").info("mlsl_tf: %s applies synchronously: %s", type(self).__name__, reason)
+            return
+        deferral = overlap.Deferral.of(self, options.name)
+        for i, v in enumerate(self._trainable_variables):
+            deferral.register(v, options, i)
 
     def _mlsl_make_accumulators(self):
         """With backward_passes_per_step > 1: one accumulator per variable and a pass counter.
@@ -170,6 +195,10 @@ class _DistributedOptimizer:
         indices = [self._get_variable_index(v) for v in variables]
         check_reduction_group(variables, self._mlsl_options.process_set)
         if self._mlsl_passes <= 1:
+            deferral = self.__dict__.get("_mlsl_deferral")
+            if deferral is not None and not deferral.fresh_in_this_graph(variables):
+                options = self._mlsl_options
+                return deferral.apply([(g, v, options, i) for g, v, i in zip(grads, variables, indices)])
             reduced = self._mlsl_options.reduce(grads, indices, self._mlsl_index_of)
             return super().apply(reduced, variables)
         return self._mlsl_accumulate_and_apply(grads, variables, indices, super().apply)
@@ -199,6 +228,11 @@ class _DistributedOptimizer:
         return tf.cond(tf.equal(passes % k, 0), reduce_and_apply, lambda: tf.constant(False))
 
 
+def keras_variable_class():
+    import keras
+    return keras.Variable
+
+
 def is_distributed(optimizer):
     """Whether `optimizer` was made by DistributedOptimizer (or re-wrapped by load_model)."""
     return isinstance(optimizer, _DistributedOptimizer)
@@ -211,7 +245,7 @@ def _base_class(optimizer):
     return cls
 
 
-def _distributed_class(base, options, backward_passes_per_step, average_aggregated_gradients):
+def _distributed_class(base, options, backward_passes_per_step, average_aggregated_gradients, cross_iteration):
     """A subclass of `base` with the reducing apply(), named and placed like `base` so that
     Keras serializes it as `base`."""
     return type(base.__name__, (_DistributedOptimizer, base), {
@@ -221,6 +255,7 @@ def _distributed_class(base, options, backward_passes_per_step, average_aggregat
         "_mlsl_options": options,
         "_mlsl_passes": int(backward_passes_per_step),
         "_mlsl_average_aggregated": bool(average_aggregated_gradients),
+        "_mlsl_cross_iteration": cross_iteration,
     })
 
 
@@ -236,7 +271,7 @@ def _copy_state(source, target):
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, backward_passes_per_step=1, op=ops.Average,
                          gradient_predivide_factor=1.0, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=None, group=None, _in_place=False):
+                         groups=None, process_set=None, group=None, cross_iteration=None, _in_place=False):
     """Returns a copy of the Keras 3 `optimizer` (same class, config and, if built, state) whose
     `apply`/`apply_gradients` first reduce the gradients over all ranks.
 
@@ -251,17 +286,21 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         of variables fuses each list's gradients into one.
     process_set (or its alias group): reduce within this group of ranks only.
     device_dense / device_sparse: accepted for Horovod compatibility (mlsl_tf reduces on the host).
+    cross_iteration: apply each variable's update just before its next access (the next step's
+        forward pass), so the reductions overlap the next step; same weights after every step
+        (mlsl_tf/overlap.py). Default: MLSL_TF_CROSS_ITERATION (on).
     """
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     options = ReduceOptions(name or "DistributedOptimizer", compression, sparse_as_dense, op,
                             gradient_predivide_factor, num_groups, groups, process_set if group is None else group,
                             device_dense, device_sparse)
-    cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients)
+    cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
+                             cross_iteration)
     if _in_place:
         optimizer.__class__ = cls
         if optimizer.built:
-            optimizer._mlsl_make_accumulators()
+            optimizer._mlsl_after_build()
         return optimizer
     wrapped = cls.from_config(optimizer.get_config())
     if optimizer.built:

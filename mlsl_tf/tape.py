@@ -4,7 +4,7 @@ import functools
 
 import tensorflow as tf
 
-from mlsl_tf import ops
+from mlsl_tf import ops, overlap
 from mlsl_tf.compression import Compression
 from mlsl_tf.groups import check_reduction_group
 from mlsl_tf.optimizer import ReduceOptions
@@ -23,14 +23,25 @@ class _DistributedGradientTape:
         position = {}
         for p, s in enumerate(flat_sources):
             position.setdefault(_key(s), p)
-        reduced = self._mlsl_options.reduce(flat_grads, list(range(len(flat_grads))),
-                                            lambda v: position.get(_key(v), -1))
+        options = self._mlsl_options
+        reduced = options.reduce(flat_grads, list(range(len(flat_grads))), lambda v: position.get(_key(v), -1))
+        if not tf.executing_eagerly() and not options.groups and overlap.enabled(self._mlsl_cross_iteration):
+            # A Keras optimizer applying these unchanged may defer the reduction and the update
+            # to the next step (mlsl_tf/overlap.py).
+            for p, (local, out) in enumerate(zip(flat_grads, reduced)):
+                if out is not None and not isinstance(local, tf.IndexedSlices) and _is_variable(flat_sources[p]):
+                    overlap.offer(out, local, options, p)
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
 
 
 @functools.lru_cache(maxsize=None)
 def _distributed_class(base):
     return type(base.__name__, (_DistributedGradientTape, base), {"__module__": base.__module__})
+
+
+def _is_variable(x):
+    import keras
+    return isinstance(x, keras.Variable)
 
 
 def _key(x):
@@ -43,13 +54,16 @@ def _key(x):
 
 def DistributedGradientTape(tape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=ops.Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=None, group=None, name=None):
+                            groups=None, process_set=None, group=None, name=None, cross_iteration=None):
     """Returns `tape` (a tf.GradientTape, recorded or not yet entered) as a tape of the same class
     whose `gradient(target, sources)` reduces each gradient over all ranks; source i's gradient
     gets priority i, so list the sources in forward order (model.trainable_variables does).
 
     Options as for DistributedOptimizer (`group` is an alias of `process_set`); `name` prefixes
-    the collectives' names (default "DistributedGradientTape").
+    the collectives' names (default "DistributedGradientTape"). In a tf.function, a Keras
+    optimizer that applies the returned gradients unchanged defers the reduction and update of
+    each variable to just before its next access (cross_iteration; default
+    MLSL_TF_CROSS_ITERATION, on; see mlsl_tf/overlap.py).
     Use it like Horovod's:
 
         with tf.GradientTape() as tape:
@@ -67,4 +81,5 @@ def DistributedGradientTape(tape, device_dense="", device_sparse="", compression
     wrapped = cls.__new__(cls)
     wrapped.__dict__.update(tape.__dict__)
     wrapped._mlsl_options = options
+    wrapped._mlsl_cross_iteration = cross_iteration
     return wrapped

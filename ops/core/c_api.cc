@@ -114,6 +114,11 @@ extern "C" const char* mlsl_tf_stats_json(void) {
   return json.c_str();
 }
 
+extern "C" int mlsl_tf_parked(void) {
+  auto rt = mlsl::CurrentRuntime();
+  return rt ? int(rt->results()->size()) : 0;
+}
+
 extern "C" int mlsl_tf_setting_count(void) { return int(mlsl::AllSettings().size()); }
 extern "C" const char* mlsl_tf_setting_name(int i) { return mlsl::AllSettings().at(i).name; }
 extern "C" const char* mlsl_tf_setting_default(int i) { return mlsl::AllSettings().at(i).default_value; }

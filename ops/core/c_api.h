@@ -28,6 +28,9 @@ const char* mlsl_tf_last_error(void);
 // The runtime's counters as JSON; null (with last_error) before init.
 const char* mlsl_tf_stats_json(void);
 
+// Results of started collectives not yet taken (deferred updates); 0 before init.
+int mlsl_tf_parked(void);
+
 // Groups. Collective over every rank, in the same order everywhere. add_group returns the new
 // group's id (>= 1; 0 is the world) or -1; remove_group returns 0 or -1.
 int mlsl_tf_add_group(const int* ranks, int n);

@@ -128,6 +128,7 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
 Runtime::~Runtime() { Shutdown(); }
 
 void Runtime::Submit(std::unique_ptr<Request> request) {
+  stats_.Submitted();
   std::string refused;
   {
     std::lock_guard<std::mutex> lock(mu_);

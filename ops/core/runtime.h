@@ -42,6 +42,7 @@
 #include "stats.h"
 #include "timeline.h"
 #include "request.h"
+#include "results.h"
 
 namespace mlsl {
 
@@ -66,6 +67,9 @@ class Runtime {
   Topology topology() const { return topology_; }
   // Counters as a JSON object (mlsl_tf.stats()).
   std::string StatsJson() const { return stats_.Json(); }
+  // Results of collectives started now and taken later (deferred updates); they live as long
+  // as this runtime, so a shutdown forgets them.
+  const std::shared_ptr<Results>& results() const { return results_; }
 
  private:
   // A set of ranks with its own communicator, executor and scheduler; group 0 is the world.
@@ -147,6 +151,7 @@ class Runtime {
   std::chrono::steady_clock::time_point last_stall_check_;
 
   std::atomic<int> group_changes_{0};
+  const std::shared_ptr<Results> results_ = std::make_shared<Results>();
 
   std::thread thread_;  // last member: starts after everything above exists
 };

@@ -27,8 +27,11 @@ const std::vector<SettingInfo>& AllSettings() {
       {"MLSL_TF_TIMELINE", "",
        "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank)"},
       {"MLSL_TF_INTER_OP_THREADS", "auto",
-       "TensorFlow inter-op threads per rank that init() sets: 'auto' (1, or 2 with 16+ cores per rank), a number, "
-       "or 'tf' for TensorFlow's default (one per core of the machine, too many with several ranks per machine)"},
+       "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "
+       "default (one per core of the machine, too many with several ranks per machine)"},
+      {"MLSL_TF_CROSS_ITERATION", "1",
+       "1: DistributedOptimizer / DistributedGradientTape apply each variable's update just before its next "
+       "access (the next forward pass), so reductions overlap the next step; 0: apply inside the step"},
       {"MLSL_TF_LOG_LEVEL", "warning", "core log level: debug, info, warning or error"},
       {"MLSL_TF_START_TIMEOUT", "",
        "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)"},

@@ -7,7 +7,7 @@ namespace mlsl {
 std::string Stats::Json() const {
   std::lock_guard<std::mutex> l(mu_);
   std::ostringstream os;
-  os << "{\"requests\": " << requests_ << ", \"bytes_sent\": " << bytes_ << ", \"chunks\": " << chunks_
+  os << "{\"submitted\": " << submitted_ << ", \"requests\": " << requests_ << ", \"bytes_sent\": " << bytes_ << ", \"chunks\": " << chunks_
      << ", \"in_place\": " << in_place_ << ", \"preemptions\": " << preemptions_ << ", \"fused_buffers\": " << fused_buffers_
      << ", \"fused_tensors\": " << fused_tensors_ << ", \"wait_by_priority\": {";
   bool first = true;

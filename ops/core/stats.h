@@ -1,5 +1,5 @@
-// Counters the runtime keeps for mlsl_tf.stats(). Written by the background thread, read by
-// any thread (under the mutex), reported as JSON.
+// Counters the runtime keeps for mlsl_tf.stats(). Written by the background thread (Submitted:
+// by the submitting thread), read by any thread (under the mutex), reported as JSON.
 #pragma once
 
 #include <cstdint>
@@ -12,6 +12,8 @@ namespace mlsl {
 class Stats {
  public:
   void Request() { std::lock_guard<std::mutex> l(mu_); ++requests_; }
+  // A request handed to Runtime::Submit (any thread): the framework enqueued it.
+  void Submitted() { std::lock_guard<std::mutex> l(mu_); ++submitted_; }
   void Chunk(int64_t bytes) { std::lock_guard<std::mutex> l(mu_); ++chunks_; bytes_ += bytes; }
   void InPlace() { std::lock_guard<std::mutex> l(mu_); ++in_place_; }
   void Preemption() { std::lock_guard<std::mutex> l(mu_); ++preemptions_; }
@@ -26,7 +28,7 @@ class Stats {
 
  private:
   mutable std::mutex mu_;
-  int64_t requests_ = 0, chunks_ = 0, bytes_ = 0, preemptions_ = 0, fused_buffers_ = 0, fused_tensors_ = 0;
+  int64_t submitted_ = 0, requests_ = 0, chunks_ = 0, bytes_ = 0, preemptions_ = 0, fused_buffers_ = 0, fused_tensors_ = 0;
   int64_t in_place_ = 0;  // allreduces whose output is their input's buffer (TF forwarded it)
   std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
 };

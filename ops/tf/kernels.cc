@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/log_memory.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
@@ -84,9 +85,15 @@ class CollectiveKernel : public AsyncOpKernel {
     }
   }
 
+  // Submitting returns at once, so the executor runs this kernel inline on the thread that
+  // produced its input (TF dispatches "expensive" kernels to the inter-op pool, and async
+  // kernels never get a measured cost that would make them cheap): the collective is enqueued
+  // as soon as its input exists, whatever else the pool is busy with.
+  bool IsExpensive() override { return false; }
+
  protected:
-  // A request for this node's inputs [first, first+count), with outputs allocated on ctx.
-  std::unique_ptr<mlsl::Request> MakeRequest(OpKernelContext* ctx, int first, int count, DoneCallback done) {
+  // A request described by this node's attrs, without inputs or callbacks.
+  std::unique_ptr<mlsl::Request> NewRequest() const {
     auto r = std::make_unique<mlsl::Request>();
     r->name = tensor_name_.empty() ? name() : tensor_name_;
     r->op = op_;
@@ -98,6 +105,12 @@ class CollectiveKernel : public AsyncOpKernel {
     r->group = group_;
     r->wire = wire_;
     r->error_feedback = error_feedback_;
+    return r;
+  }
+
+  // A request for this node's inputs [first, first+count), with outputs allocated on ctx.
+  std::unique_ptr<mlsl::Request> MakeRequest(OpKernelContext* ctx, int first, int count, DoneCallback done) {
+    auto r = NewRequest();
     for (int i = first; i < first + count; ++i) {
       const Tensor& t = ctx->input(i);
       r->inputs.push_back(mlsl::TensorInput{t.tensor_data().data(), ShapeOf(t)});
@@ -197,6 +210,105 @@ class AlltoallKernel : public CollectiveKernel {
   }
 };
 
+// What a started allreduce keeps alive until its result is taken: the input (read by the
+// background thread after the op has returned) and the output.
+struct DeferredTensors {
+  Tensor input, output;
+};
+
+class StartAllreduceKernel : public CollectiveKernel {
+ public:
+  explicit StartAllreduceKernel(OpKernelConstruction* c) : CollectiveKernel(c, mlsl::OpType::kAllreduce) {
+    OP_REQUIRES(c, !tensor_name_.empty(), tensorflow::errors::InvalidArgument("MlslStartAllreduce needs a tensor_name"));
+  }
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    if (!Admit(ctx, 0, done)) return;
+    std::shared_ptr<mlsl::Runtime> rt = mlsl::CurrentRuntime();
+    OP_REQUIRES_ASYNC(ctx, rt != nullptr,
+                      tensorflow::errors::FailedPrecondition(
+                          "mlsl_tf has not been initialised: call mlsl_tf.init() before running '", tensor_name_, "'"),
+                      done);
+    auto tensors = std::make_shared<DeferredTensors>();
+    tensors->input = ctx->input(0);
+    auto r = NewRequest();
+    ToCore(tensors->input.dtype(), &r->dtype);
+    r->inputs.push_back(mlsl::TensorInput{tensors->input.tensor_data().data(), ShapeOf(tensors->input)});
+    r->allocate_output = [tensors](int, const mlsl::Shape& shape, void** data) {
+      Tensor& in = tensors->input;
+      // By now the executor has usually dropped its reference to the gradient: reduce into
+      // its buffer, which is mapped and warm, unless someone else still reads it.
+      if (in.RefCountIsOne() && ShapeOf(in) == shape) {
+        tensors->output = in;
+      } else {
+        TensorShape ts;
+        for (int64_t d : shape) ts.AddDim(d);
+        tensors->output = Tensor(tensorflow::cpu_allocator(), in.dtype(), ts);
+        if (!tensors->output.IsInitialized()) return mlsl::Status::Internal("could not allocate the result");
+      }
+      *data = const_cast<char*>(tensors->output.tensor_data().data());
+      return mlsl::Status::Ok();
+    };
+    std::shared_ptr<mlsl::Results> results = rt->results();
+    r->done = [results, name = r->name](const mlsl::Status& s) { results->Complete(name, s); };
+    mlsl::Status parked = results->Park(r->name, tensors);
+    OP_REQUIRES_ASYNC(ctx, parked.ok(), ToTf(parked), done);
+    rt->Submit(std::move(r));
+    done();
+  }
+};
+
+class TakeResultKernel : public AsyncOpKernel {
+ public:
+  explicit TakeResultKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {
+    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    OP_REQUIRES_OK(c, c->GetAttr("T", &dtype_));
+    tensorflow::PartialTensorShape shape;
+    OP_REQUIRES_OK(c, c->GetAttr("shape", &shape));
+    OP_REQUIRES(c, shape.AsTensorShape(&shape_),
+                tensorflow::errors::InvalidArgument("MlslTakeResult needs a fully defined shape"));
+  }
+  bool IsExpensive() override { return false; }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    std::shared_ptr<mlsl::Runtime> rt = mlsl::CurrentRuntime();
+    OP_REQUIRES_ASYNC(ctx, rt != nullptr,
+                      tensorflow::errors::FailedPrecondition(
+                          "mlsl_tf has not been initialised: call mlsl_tf.init() before taking '", tensor_name_, "'"),
+                      done);
+    auto finish = [this, ctx, done](const mlsl::Status& s, mlsl::Results::Payload payload) {
+      const Tensor& out = static_cast<DeferredTensors*>(payload.get())->output;
+      if (!s.ok()) {
+        ctx->SetStatus(ToTf(s));
+      } else if (out.dtype() != dtype_ || out.shape() != shape_) {
+        ctx->SetStatus(tensorflow::errors::InvalidArgument(
+            "mlsl_tf: the result of '", tensor_name_, "' is ", tensorflow::DataTypeString(out.dtype()),
+            out.shape().DebugString(), ", taken as ", tensorflow::DataTypeString(dtype_), shape_.DebugString()));
+      } else {
+        SetFound(ctx, true);
+        ctx->set_output(1, out);
+      }
+      done();
+    };
+    if (rt->results()->Take(tensor_name_, std::move(finish))) return;
+    // Nothing started under this name: found = false, and an output of the declared shape that
+    // nobody reads (it is not written).
+    SetFound(ctx, false);
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK_ASYNC(ctx, ctx->allocate_output(1, shape_, &out), done);
+    done();
+  }
+
+ private:
+  static void SetFound(OpKernelContext* ctx, bool found) {
+    Tensor* flag = nullptr;
+    if (ctx->allocate_output(0, TensorShape({}), &flag).ok()) flag->scalar<bool>()() = found;
+  }
+
+  std::string tensor_name_;
+  tensorflow::DataType dtype_;
+  TensorShape shape_;
+};
+
 class NoInputKernel : public CollectiveKernel {
  public:
   NoInputKernel(OpKernelConstruction* c, mlsl::OpType op) : CollectiveKernel(c, op) {}
@@ -216,6 +328,7 @@ class BarrierKernel : public NoInputKernel {
 class JoinKernel : public AsyncOpKernel {
  public:
   explicit JoinKernel(OpKernelConstruction* c) : AsyncOpKernel(c) {}
+  bool IsExpensive() override { return false; }
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     std::shared_ptr<mlsl::Runtime> rt = mlsl::CurrentRuntime();
     OP_REQUIRES_ASYNC(ctx, rt != nullptr,
@@ -250,6 +363,8 @@ REGISTER_KERNEL_BUILDER(Name("MlslAllgather").Device(DEVICE_CPU), SingleTensorKe
 REGISTER_KERNEL_BUILDER(Name("MlslBroadcast").Device(DEVICE_CPU), SingleTensorKernel<mlsl::OpType::kBroadcast>);
 REGISTER_KERNEL_BUILDER(Name("MlslAlltoall").Device(DEVICE_CPU), AlltoallKernel);
 REGISTER_KERNEL_BUILDER(Name("MlslReducescatter").Device(DEVICE_CPU), SingleTensorKernel<mlsl::OpType::kReducescatter>);
+REGISTER_KERNEL_BUILDER(Name("MlslStartAllreduce").Device(DEVICE_CPU), StartAllreduceKernel);
+REGISTER_KERNEL_BUILDER(Name("MlslTakeResult").Device(DEVICE_CPU), TakeResultKernel);
 REGISTER_KERNEL_BUILDER(Name("MlslBarrier").Device(DEVICE_CPU), BarrierKernel);
 REGISTER_KERNEL_BUILDER(Name("MlslJoin").Device(DEVICE_CPU), JoinKernel);
 

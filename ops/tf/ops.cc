@@ -102,6 +102,44 @@ REGISTER_OP("MlslReducescatter")
     .SetShapeFn(FirstDimUnknown)
     .Doc("Reduces `tensor` over all ranks; rank r keeps the r-th block of rows.");
 
+// Deferred allreduce: Start submits and returns at once, leaving the result with the runtime
+// under tensor_name; a later TakeResult (in this call of the function or a later one) waits for
+// it. Both take a resource handle (the variable the result will update) that they never read:
+// TF's automatic control dependencies then order them with that variable's other reads and
+// writes only, instead of chaining every stateful op of the function in program order.
+REGISTER_OP("MlslStartAllreduce")
+    .Attr(MLSL_TYPES)
+    .Attr("reduce_op: int")
+    .Attr("prescale_factor: float = 1.0")
+    .Attr("postscale_factor: float = 1.0")
+    .Attr("wire_dtype: string = ''")
+    MLSL_COMMON_ATTRS
+    .Input("tensor: T")
+    .Input("order: resource")
+    .SetIsStateful()
+    .SetShapeFn(tensorflow::shape_inference::NoOutputs)
+    .Doc("Starts an allreduce of `tensor`; MlslTakeResult with the same tensor_name receives it.");
+
+REGISTER_OP("MlslTakeResult")
+    .Attr(MLSL_TYPES)
+    .Attr("shape: shape")
+    .Attr("tensor_name: string")
+    .Input("order: resource")
+    .Output("found: bool")
+    .Output("output: T")
+    .SetIsStateful()
+    .SetShapeFn([](InferenceContext* c) {
+      c->set_output(0, c->Scalar());
+      tensorflow::PartialTensorShape shape;
+      TF_RETURN_IF_ERROR(c->GetAttr("shape", &shape));
+      ShapeHandle out;
+      TF_RETURN_IF_ERROR(c->MakeShapeFromPartialTensorShape(shape, &out));
+      c->set_output(1, out);
+      return Status();
+    })
+    .Doc("The result of the MlslStartAllreduce named tensor_name, once done (found = true), or, when "
+         "none was started, found = false and an uninitialised tensor of `shape`.");
+
 REGISTER_OP("MlslBarrier")
     .Attr("tensor_name: string = ''")
     .Attr("process_set_id: int = 0")

@@ -1,0 +1,434 @@
+"""Cross-iteration overlap, MLSL's layer-wise wait: a training step starts its gradients'
+reductions and returns; the next access of each variable -- normally the next step's forward
+pass reaching that layer -- first waits for that variable's reduced gradient and applies its
+update. The late layers' reductions then finish while the next forward pass runs, and the
+priority order (first layer first) pays off in step time.
+
+Why this mechanism. A tf.function call returns only when every op in it has finished, so an
+update inside the step that produced the gradient makes the next step wait for the whole
+reduction, and several steps in one function (a while loop) have the same barrier between
+iterations. So the update of variable i moves to just before variable i's next access:
+
+- `Deferral.apply` (the optimizer's apply) ends a step by recording its learning rate and
+  iteration, starting one MlslStartAllreduce per dense gradient (it submits and returns; the
+  runtime keeps the result under the collective's name) and advancing the iteration counter,
+  as Keras does.
+- Every variable the optimizer updates gets an access hook (its class is swapped for a subclass
+  whose `value` and `assign*` call the hook first). In a traced function the first access of
+  the variable in each graph, and the first after a start, is preceded by MlslTakeResult and,
+  under a tf.cond on its `found` output, the optimizer's own update of that one variable
+  (loss-scale unscaling, clipnorm/clipvalue, weight decay, update_step, constraint) with the
+  recorded learning rate and iteration. In eager mode any access takes and applies while
+  results are parked. Both ops take the variable's resource handle, so TensorFlow orders them
+  with that variable's other reads and writes only: layer i's forward waits for layer i's
+  gradient and nothing else.
+
+The arithmetic is the optimizer's own, with the learning rate and iteration synchronous
+training would use, so the weights after every step are the same; a variable read from outside
+(get_weights, save, evaluate, a callback) gets its update first, and reading optimizer slots
+eagerly applies every pending update of that optimizer. Sparse gradients (IndexedSlices,
+reduced by allgather) and gradients a custom loop changed after the tape reduced them are
+applied at once, in their own step.
+
+The first graph in which variables get their hooks cannot use them (its forward pass read them
+before), so that graph applies synchronously; creating this optimizer's step variables there
+makes tf.function trace once more for later calls, and that trace is deferred. Optimizers whose
+update needs every gradient at once (global_clipnorm, gradient accumulation, EMA, loss-scale
+optimizers, classes overriding the update path) always apply synchronously.
+MLSL_TF_CROSS_ITERATION=0 (or cross_iteration=False on DistributedOptimizer /
+DistributedGradientTape) turns the mechanism off.
+"""
+
+import contextlib
+import logging
+import threading
+import weakref
+
+import tensorflow as tf
+
+from mlsl_tf import _library
+from mlsl_tf.ops import _group_id
+
+SETTING = "MLSL_TF_CROSS_ITERATION"
+_log = logging.getLogger("mlsl_tf")
+_local = threading.local()  # .busy: ids of the deferrals whose own code is running on this thread
+_hooked_classes = {}
+_graph_takes = weakref.WeakKeyDictionary()  # graph -> ids of variables taken since their last start
+_offers = weakref.WeakKeyDictionary()  # graph -> {id(reduced tensor): _Offer}, from DistributedGradientTape
+_prefixes = {}  # collective-name prefix -> deferrals using it so far (the same order on every rank)
+_deferrals = weakref.WeakSet()
+
+
+def enabled(choice=None):
+    """Whether cross-iteration overlap is on: `choice` when given, else MLSL_TF_CROSS_ITERATION."""
+    if choice is not None:
+        return bool(choice)
+    value = _library.settings()[SETTING][2].strip().lower()
+    if value in ("1", "true", "on", "yes"):
+        return True
+    if value in ("0", "false", "off", "no"):
+        return False
+    raise ValueError(f"{SETTING}={value!r}: expected 1 (on) or 0 (off)")
+
+
+def _ops():
+    return _library.load_ops()
+
+
+def _keras():
+    import keras
+    return keras
+
+
+def _symbolic():
+    """Keras is only computing shapes (no real reads happen)."""
+    from keras.src.backend.common.stateless_scope import in_stateless_scope
+    from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+    return in_stateless_scope() or in_symbolic_scope()
+
+
+@contextlib.contextmanager
+def _busy(deferral):
+    busy = getattr(_local, "busy", None)
+    if busy is None:
+        busy = _local.busy = set()
+    mine = id(deferral) not in busy
+    busy.add(id(deferral))
+    try:
+        yield
+    finally:
+        if mine:
+            busy.discard(id(deferral))
+
+
+def _not_recorded():
+    """Ops made here are not recorded by gradient tapes (the update is not part of the loss)."""
+    try:
+        from tensorflow.python.eager import record
+        return record.stop_recording()
+    except (ImportError, AttributeError):  # pragma: no cover - older layout
+        return contextlib.nullcontext()
+
+
+def why_not_deferred(optimizer, cls=None):
+    """'' when `optimizer`'s update can be split per variable and deferred, else the reason.
+    `cls`: the class whose update path runs (DistributedOptimizer passes the wrapped class)."""
+    keras = _keras()
+    cls = cls or type(optimizer)
+    base = keras.optimizers.Optimizer
+    if not isinstance(optimizer, base):
+        return "not a Keras 3 optimizer"
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        return "LossScaleOptimizer checks every gradient before applying any"
+    for method in ("apply", "_backend_apply_gradients", "_backend_update_step", "_apply_weight_decay",
+                   "_clip_gradients", "_filter_empty_gradients"):
+        if getattr(cls, method, None) is not getattr(base, method, None):
+            return f"{cls.__name__} overrides {method}"
+    if getattr(optimizer, "use_ema", False):
+        return "use_ema updates every variable's average together"
+    if getattr(optimizer, "gradient_accumulation_steps", None):
+        return "gradient_accumulation_steps"
+    if getattr(optimizer, "global_clipnorm", None):
+        return "global_clipnorm needs every gradient at once"
+    return ""
+
+
+def _graph_and_outer_graphs():
+    graph = tf.compat.v1.get_default_graph()
+    while graph is not None:
+        yield graph
+        graph = getattr(graph, "outer_graph", None)
+
+
+class _Record:
+    """A variable whose update is deferred: the collective carrying its gradient."""
+
+    __slots__ = ("deferral", "name", "priority", "options", "wire_dtype", "ctx", "graph")
+
+    def before_access(self, var):
+        if tf.executing_eagerly():
+            if _library.c_api().mlsl_tf_parked() > 0:
+                self.deferral.take_and_apply(var, self)
+            return
+        taken = _graph_takes.setdefault(tf.compat.v1.get_default_graph(), set())
+        if id(var) not in taken:
+            taken.add(id(var))
+            self.deferral.take_and_apply(var, self)
+
+
+class _StateRecord:
+    """An optimizer slot: read eagerly from outside, it first gets every pending update."""
+
+    __slots__ = ("deferral",)
+
+    def before_access(self, var):
+        if tf.executing_eagerly() and _library.c_api().mlsl_tf_parked() > 0:
+            self.deferral.flush()
+
+
+def _before_access(var):
+    record = var.__dict__.get("_mlsl_record")
+    if record is None:
+        return
+    busy = getattr(_local, "busy", None)
+    if busy and id(record.deferral) in busy:
+        return
+    if _symbolic():
+        return
+    record.before_access(var)
+
+
+def _hooked_class(cls):
+    """A subclass of the Keras variable class `cls` whose accesses call the hook first."""
+    hooked = _hooked_classes.get(cls)
+    if hooked is not None:
+        return hooked
+    base_value = cls.value
+
+    def value(self):
+        _before_access(self)
+        return base_value.fget(self)
+
+    namespace = {"value": property(value), "__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                 "_mlsl_hooked": True}
+    for method in ("assign", "assign_add", "assign_sub"):
+        def write(self, value, _base=getattr(cls, method)):
+            _before_access(self)
+            return _base(self, value)
+        namespace[method] = write
+    hooked = _hooked_classes[cls] = type(cls.__name__, (cls,), namespace)
+    return hooked
+
+
+def _hook(var, record):
+    current = var.__dict__.get("_mlsl_record")
+    if current is not None and current.deferral is not record.deferral:
+        raise ValueError(f"variable {getattr(var, 'path', var.name)!r} is already updated by another optimizer "
+                         "with cross-iteration overlap; an optimizer's variables must be its own")
+    var._mlsl_record = record
+    if not getattr(type(var), "_mlsl_hooked", False):
+        var.__class__ = _hooked_class(type(var))
+
+
+class _Offer:
+    """A gradient DistributedGradientTape reduced: the reduction can be deferred instead."""
+
+    __slots__ = ("reduced", "local", "options", "priority")
+
+    def __init__(self, reduced, local, options, priority):
+        self.reduced, self.local, self.options, self.priority = reduced, local, options, priority
+
+
+def offer(reduced, local, options, priority):
+    """Called by DistributedGradientTape in a traced function: `reduced` (its output) is the
+    allreduce of `local`; a Keras optimizer applying `reduced` unchanged may start that
+    reduction itself and defer the update. Unused, the tape's allreduce is pruned from the
+    function."""
+    _offers.setdefault(tf.compat.v1.get_default_graph(), {})[id(reduced)] = _Offer(reduced, local, options, priority)
+    _install_optimizer_hook()
+
+
+def _install_optimizer_hook():
+    """Keras optimizers' apply() learns to defer gradients offered by DistributedGradientTape."""
+    from keras.src.optimizers import base_optimizer
+    current = base_optimizer.BaseOptimizer.apply
+    if getattr(current, "_mlsl_deferring", False):
+        return
+
+    def apply(self, grads, trainable_variables=None):
+        grads = list(grads)
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+            if _apply_offered(self, grads, trainable_variables):
+                return None
+        return current(self, grads, trainable_variables)
+
+    apply._mlsl_deferring = True
+    apply.__doc__ = current.__doc__
+    base_optimizer.BaseOptimizer.apply = apply
+
+
+def _apply_offered(optimizer, grads, variables):
+    """Defers the update of the gradients a DistributedGradientTape offered; False (nothing
+    done) when there are none or the optimizer cannot defer."""
+    if tf.executing_eagerly() or len(grads) != len(variables):
+        return False
+    offers = _offers.get(tf.compat.v1.get_default_graph(), {})
+    found = [None if g is None else offers.get(id(g)) for g in grads]
+    found = [o if o is not None and o.reduced is g else None for o, g in zip(found, grads)]
+    if not any(found) or getattr(optimizer, "_mlsl_options", None) is not None:
+        return False  # a DistributedOptimizer reduces (and defers) by itself
+    keras = _keras()
+    if not all(isinstance(v, keras.Variable) for v in variables):
+        return False
+    reason = why_not_deferred(optimizer)
+    if reason:
+        _log.info("mlsl_tf: %s applies synchronously: %s", type(optimizer).__name__, reason)
+        return False
+    if not optimizer.built:
+        with keras.name_scope(optimizer.name, caller=optimizer):
+            optimizer.build(variables)
+    deferral = Deferral.of(optimizer, optimizer.name)
+    new = [(v, o) for v, o in zip(variables, found) if o is not None and v.__dict__.get("_mlsl_record") is None]
+    for v, o in new:
+        deferral.register(v, o.options, o.priority)
+    if new:  # this graph read them before they had hooks
+        return False
+    items = []
+    for g, v, o in zip(grads, variables, found):
+        if g is not None:
+            items.append((o.local, v, o.options, o.priority) if o is not None else (g, v, None, 0))
+    deferral.apply(items)
+    return True
+
+
+class Deferral:
+    """The deferred updates of one Keras optimizer: its variables' records, and the learning
+    rate and iteration of the step whose gradients are in flight."""
+
+    def __init__(self, optimizer, prefix):
+        count = _prefixes.get(prefix, 0)
+        _prefixes[prefix] = count + 1
+        self.prefix = f"{prefix}.deferred" + (f".{count}" if count else "")
+        self.optimizer = optimizer
+        self.records = {}  # id(variable) -> _Record
+        self.variables = []
+        self.iteration = self.learning_rate = None
+        object.__setattr__(optimizer, "_mlsl_deferral", self)
+        _deferrals.add(self)
+
+    @classmethod
+    def of(cls, optimizer, prefix):
+        """The optimizer's deferral, made on first use (its step variables too)."""
+        deferral = optimizer.__dict__.get("_mlsl_deferral")
+        if deferral is None:
+            deferral = cls(optimizer, prefix)
+        deferral._make_step_variables()
+        return deferral
+
+    def _make_step_variables(self):
+        """The step's iteration and learning rate, read by its deferred updates. Made where the
+        caller is (in a function's first trace they make tf.function trace again for later
+        calls); not tracked, so saved files are unchanged."""
+        if self.iteration is not None:
+            return
+        opt = self.optimizer
+        lr_dtype = getattr(opt._learning_rate, "dtype", None) or _keras().config.floatx()
+        self.iteration = tf.Variable(0, dtype=opt._iterations.dtype, trainable=False, name="mlsl_step_iteration")
+        self.learning_rate = tf.Variable(0, dtype=lr_dtype, trainable=False, name="mlsl_step_learning_rate")
+        state = _StateRecord()
+        state.deferral = self
+        skip = {id(opt._iterations), id(opt._learning_rate)}
+        for v in opt.variables:
+            if id(v) not in skip and v.__dict__.get("_mlsl_record") is None and isinstance(v, _keras().Variable):
+                _hook(v, state)
+
+    def register(self, var, options, priority):
+        """`var`'s gradient is reduced as `options` say, with `priority`, and applied later."""
+        record = _Record()
+        record.deferral = self
+        record.name = f"{self.prefix}.grad.{len(self.variables)}"
+        record.priority = int(priority)
+        record.options = options
+        with tf.init_scope():
+            sample, record.ctx = options.compression.compress(tf.zeros([], var.dtype))
+        record.wire_dtype = sample.dtype
+        record.graph = None if tf.executing_eagerly() else weakref.ref(tf.compat.v1.get_default_graph())
+        _hook(var, record)
+        self.records[id(var)] = record
+        self.variables.append(var)
+
+    def fresh_in_this_graph(self, variables):
+        """Some of `variables` got their hooks while this graph (or one it is nested in) was
+        traced: it read them before."""
+        if tf.executing_eagerly():
+            return False
+        graphs = list(_graph_and_outer_graphs())
+        made_in = [self.records[id(v)].graph for v in variables if id(v) in self.records]
+        return any(ref is not None and any(ref() is g for g in graphs) for ref in made_in)
+
+    @contextlib.contextmanager
+    def _step_values(self):
+        """The optimizer reads the recorded step's iteration and learning rate."""
+        opt = self.optimizer
+        saved = opt.__dict__["_iterations"], opt.__dict__["_learning_rate"]
+        object.__setattr__(opt, "_iterations", self.iteration)
+        object.__setattr__(opt, "_learning_rate", self.learning_rate)
+        try:
+            yield
+        finally:
+            object.__setattr__(opt, "_iterations", saved[0])
+            object.__setattr__(opt, "_learning_rate", saved[1])
+
+    def _update(self, grad, var):
+        """The optimizer's update of `var` alone, as its apply() would make it."""
+        opt = self.optimizer
+        with self._step_values(), _keras().name_scope(opt.name, caller=opt):
+            scale = opt.loss_scale_factor
+            if scale is not None:
+                grad = grad / scale
+            grad = opt._clip_gradients([grad])[0]
+            opt._apply_weight_decay([var])
+            opt._backend_update_step([grad], [var], opt.learning_rate)
+            if var.constraint is not None:
+                var.assign(var.constraint(var))
+
+    def take_and_apply(self, var, record):
+        """Waits for `var`'s reduced gradient, if one was started, and applies it."""
+        with _busy(self), _not_recorded(), tf.name_scope("mlsl_deferred_update"):
+            found, grad = _ops().mlsl_take_result(var.value.handle, T=record.wire_dtype, shape=var.shape,
+                                                  tensor_name=record.name)
+
+            def update():
+                self._update(record.options.compression.decompress(grad, record.ctx), var)
+                return tf.constant(True)
+
+            if tf.executing_eagerly():
+                if bool(found):
+                    update()
+            else:
+                tf.cond(found, update, lambda: tf.constant(False))
+
+    def flush(self):
+        """Applies every pending update now (eager)."""
+        for var in list(self.variables):
+            self.take_and_apply(var, self.records[id(var)])
+
+    def apply(self, items):
+        """One step: `items` are (gradient, variable, options, priority); with options, the
+        local gradient to reduce and apply later; without, a reduced one to apply now."""
+        opt = self.optimizer
+        keras = _keras()
+        grads, variables = opt._filter_empty_gradients([i[0] for i in items], [i[1] for i in items])
+        by_var = {id(i[1]): i for i in items}
+        items = [(g,) + by_var[id(v)][1:] for g, v in zip(grads, variables)]
+        for _, var, _, _ in items:  # an update still pending from an earlier step goes first
+            _before_access(var)
+        with _busy(self), keras.name_scope(opt.name, caller=opt):
+            self.iteration.assign(opt._iterations)
+            self.learning_rate.assign(tf.cast(opt.learning_rate, self.learning_rate.dtype))
+            for grad, var, options, priority in items:
+                if options is None:
+                    self._update(grad, var)
+                elif isinstance(grad, tf.IndexedSlices) and not options.sparse_as_dense:
+                    self._update(options.reduce([grad], [priority])[0], var)
+                else:
+                    self._start(grad, var, options, priority)
+            opt._iterations.assign_add(1)
+
+    def _start(self, grad, var, options, priority):
+        record = self.records[id(var)]
+        compressed, _ = options.compression.compress(tf.convert_to_tensor(grad))
+        prescale, postscale = options._scale_factors()
+        _ops().mlsl_start_allreduce(
+            compressed, var.value.handle, reduce_op=options.op, prescale_factor=prescale,
+            postscale_factor=postscale, tensor_name=record.name, priority=record.priority,
+            process_set_id=_group_id(options.process_set), wire_dtype=options.compression.wire)
+        if not tf.executing_eagerly():
+            _graph_takes.setdefault(tf.compat.v1.get_default_graph(), set()).discard(id(var))
+
+
+def flush_all():
+    """Applies every deferred update still pending (eager); before shutdown."""
+    for deferral in list(_deferrals):
+        deferral.flush()
