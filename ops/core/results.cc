@@ -12,6 +12,7 @@ Status Results::Park(const std::string& name, Payload payload) {
                                       "' was started again before its previous result was taken");
   }
   it->second.payload = std::move(payload);
+  if (record_) events_.push_back({name, "start", std::chrono::steady_clock::now()});
   return Status::Ok();
 }
 
@@ -30,6 +31,7 @@ void Results::Complete(const std::string& name, const Status& status) {
     waiter = std::move(it->second.waiter);
     payload = std::move(it->second.payload);
     entries_.erase(it);
+    if (record_) events_.push_back({name, "take", std::chrono::steady_clock::now()});
   }
   waiter(status, std::move(payload));
 }
@@ -48,9 +50,17 @@ bool Results::Take(const std::string& name, Callback callback) {
     status = it->second.status;
     payload = std::move(it->second.payload);
     entries_.erase(it);
+    if (record_) events_.push_back({name, "take", std::chrono::steady_clock::now()});
   }
   callback(status, std::move(payload));
   return true;
+}
+
+std::vector<Results::Event> Results::Drain() {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<Event> out;
+  out.swap(events_);
+  return out;
 }
 
 size_t Results::size() const {

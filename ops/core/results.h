@@ -5,11 +5,13 @@
 // have happened. Thread-safe: parked and taken from framework threads, completed by the runtime.
 #pragma once
 
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "status.h"
 
@@ -31,6 +33,17 @@ class Results {
   // Results parked and not yet taken.
   size_t size() const;
 
+  // For the timeline: when each result was parked ("start") and handed to its taker ("take":
+  // the later of the take and the completion, when the framework can go on), recorded
+  // once Record(true) and handed over (and cleared) by Drain.
+  struct Event {
+    std::string name;
+    const char* kind;
+    std::chrono::steady_clock::time_point at;
+  };
+  void Record(bool on) { record_ = on; }
+  std::vector<Event> Drain();
+
  private:
   struct Entry {
     Payload payload;
@@ -40,6 +53,8 @@ class Results {
   };
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> entries_;
+  bool record_ = false;  // set before any framework thread uses the table
+  std::vector<Event> events_;
 };
 
 }  // namespace mlsl

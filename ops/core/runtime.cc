@@ -108,6 +108,14 @@ bool Runtime::AllIdle() const {
   return true;
 }
 
+std::chrono::microseconds Runtime::PollInterval() const {
+  std::chrono::microseconds shortest = std::chrono::microseconds::max();
+  for (const auto& g : groups_) {
+    if (g->member() && !g->scheduler->idle()) shortest = std::min(shortest, g->scheduler->PollInterval());
+  }
+  return shortest == std::chrono::microseconds::max() ? std::chrono::microseconds(0) : shortest;
+}
+
 Runtime::Runtime(std::unique_ptr<Communicator> comm)
     : comm_(std::move(comm)),
       rank_(comm_->rank()),
@@ -123,6 +131,11 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       coordinator_(size_),
       joined_before_(size_, false),
       last_stall_check_(std::chrono::steady_clock::now()),
+      results_([this] {
+        auto r = std::make_shared<Results>();
+        r->Record(timeline_.enabled());
+        return r;
+      }()),
       thread_([this] { Loop(); }) {}
 
 Runtime::~Runtime() { Shutdown(); }
@@ -189,7 +202,8 @@ void Runtime::Loop() {
         bool local_work = !pending_.empty() || join_ != nullptr || !idle_here;
         std::chrono::microseconds wait(0);
         if (!idle_here) {
-          // transfers in flight: poll
+          // transfers in flight: poll, or over a network sleep a little between tests
+          wait = PollInterval();
         } else if (!local_work) {
           // Just finished something: the next request usually follows within microseconds,
           // so poll briefly before sleeping (an idle process still sleeps, a busy one does
@@ -216,6 +230,9 @@ void Runtime::Loop() {
     idle = progress ? 0 : idle + 1;
     if (progress) last_progress_ = std::chrono::steady_clock::now();
     if (rank_ == 0 && stall_warning_.count() > 0) WarnStalls();
+    if (timeline_.enabled()) {
+      for (const Results::Event& e : results_->Drain()) timeline_.Instant(e.name, e.kind, "framework", e.at);
+    }
   }
 }
 
@@ -319,7 +336,10 @@ bool Runtime::Cycle(bool* progress) {
   Status s = Wait(op.get(), [this] {
     // chunks in flight keep moving while the control message travels
     for (auto& g : groups_) if (g->member()) g->scheduler->Progress();
-    return !AllIdle();
+    if (AllIdle()) return false;
+    const auto pause = PollInterval();
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
+    return true;
   });
   if (!s.ok()) {
     Close("mlsl_tf: the background cycle failed: " + s.message());

@@ -108,6 +108,8 @@ class Runtime {
   // Units started plus units completed over this rank's groups: it changes iff a transfer moved.
   uint64_t UnitEvents() const;
   bool AllIdle() const;
+  // The sleep between tests of the transfers in flight: the shortest any busy group allows.
+  std::chrono::microseconds PollInterval() const;
   // Runs an agreed add_group / remove_group (every rank, same cycle, same order).
   void ChangeGroups(const RequestMeta& meta, Request* mine);
   bool Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
@@ -151,7 +153,7 @@ class Runtime {
   std::chrono::steady_clock::time_point last_stall_check_;
 
   std::atomic<int> group_changes_{0};
-  const std::shared_ptr<Results> results_ = std::make_shared<Results>();
+  const std::shared_ptr<Results> results_;  // records start/take events when timeline_ is enabled
 
   std::thread thread_;  // last member: starts after everything above exists
 };

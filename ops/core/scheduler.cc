@@ -278,7 +278,14 @@ void Scheduler::Complete(uint64_t seq) {
   }
 }
 
+std::chrono::microseconds Scheduler::PollInterval() const {
+  int64_t bytes = 0;
+  for (const auto& u : inflight_) bytes += u->bytes;
+  return pacer_.Interval(bytes);
+}
+
 void Scheduler::Progress() {
+  pacer_.Poll(Clock::now(), !inflight_.empty());
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();
     bool done = false;
@@ -298,6 +305,7 @@ void Scheduler::Progress() {
                       "{\"bytes\": " + std::to_string(u->bytes) + ", \"chunk\": " + std::to_string(u->chunk) +
                           ", \"priority\": " + std::to_string(w->meta.priority) + "}");
     }
+    pacer_.Completed(u->bytes);
     Complete(u->seq);
     inflight_.erase(inflight_.begin() + i);
     if (--w->outstanding == 0 && w->next == w->total) Finalize(w);

@@ -24,6 +24,7 @@
 #include "communicator.h"
 #include "executor.h"
 #include "meta.h"
+#include "pacer.h"
 #include "request.h"
 #include "stats.h"
 #include "timeline.h"
@@ -61,6 +62,8 @@ class Scheduler {
   uint64_t completed_prefix() const { return completed_prefix_; }
   bool queue_empty() const { return queue_.empty(); }
   bool idle() const { return queue_.empty() && active_.empty(); }
+  // How long the background thread may sleep between tests of the units in flight (Pacer).
+  std::chrono::microseconds PollInterval() const;
   const SchedulerOptions& options() const { return options_; }
 
  private:
@@ -96,6 +99,7 @@ class Scheduler {
   // Error feedback: by collective name, the input and output rounding residuals.
   std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> residuals_;
   Status slot_error_;
+  Pacer pacer_;
 };
 
 }  // namespace mlsl
