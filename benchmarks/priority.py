@@ -211,6 +211,47 @@ def threaded_pass(reduce_fn, tensors, schedule):
     return ready, called, done
 
 
+def graph_backward(allreduce_fn, tensors, schedule, tf):
+    """A backward pass as a tf.function, what a training step's graph looks like to the
+    executor: each layer's compute is a py_function that sleeps its share (holding an executor
+    thread, as a kernel does), then its gradient goes to allreduce_fn(i, tensor). Returns run(),
+    which executes one pass and returns (ready, done) perf_counter times per index: the layer's
+    compute ended, the reduced gradient was available to the graph."""
+    n = len(tensors)
+    ready, done = [0.0] * n, [0.0] * n
+    previous, spans = 0.0, []
+    for i, offset in schedule:
+        spans.append((i, offset - previous))
+        previous = offset
+
+    def compute(i, seconds):
+        def run(x):
+            time.sleep(seconds)
+            ready[i] = time.perf_counter()
+            return x
+        return run
+
+    def stamp(i):
+        def run(x):
+            done[i] = time.perf_counter()
+            return x
+        return run
+
+    @tf.function
+    def backward(seed):
+        t, outs = seed, []
+        for i, seconds in spans:
+            t = tf.py_function(compute(i, seconds), [t], tf.float32)
+            reduced = allreduce_fn(i, tensors[i] * t[0])
+            outs.append(tf.py_function(stamp(i), [reduced[:1]], tf.float32))
+        return tf.add_n(outs) + t
+
+    def run():
+        backward(tf.ones([1]))
+        return list(ready), list(done)
+    return run
+
+
 def mpi_pass(comm, buffers, schedule):
     """One backward pass of raw MPI: Iallreduce in issue order, polling Testsome between."""
     from mpi4py import MPI
@@ -246,9 +287,10 @@ def mpi_pass(comm, buffers, schedule):
 # The policies, on every rank.
 
 class Bench:
-    def __init__(self, comm, shapes, schedule, timeline_dir=None):
+    def __init__(self, comm, shapes, schedule, timeline_dir=None, graph=False):
         import numpy as np
         self.comm, self.shapes, self.schedule = comm, shapes, schedule
+        self.graph, self.graph_run = graph, None
         self.timeline_dir = timeline_dir
         self.np_buffers = [np.ones(num_elements(s), np.float32) for s in shapes]
         self.tensors = None
@@ -288,10 +330,19 @@ class Bench:
         first = hvd.allreduce(self.tensors[0], op=hvd.Sum, name="grad_0", priority=0)
         if float(tf.reduce_min(first)) != hvd.size() or float(tf.reduce_max(first)) != hvd.size():
             raise RuntimeError(f"{policy}: allreduce of ones did not give {hvd.size()}")
-        threaded_pass(reduce_fn, self.tensors, self.schedule)  # negotiates every name
-        self.comm.Barrier()
-        before = hvd.stats()
-        ready, called, done = threaded_pass(reduce_fn, self.tensors, self.schedule)
+        called = None
+        if self.graph:
+            if self.graph_run is None:
+                self.graph_run = graph_backward(reduce_fn, self.tensors, self.schedule, tf)
+            self.graph_run()  # traces; negotiates every name
+            self.comm.Barrier()
+            before = hvd.stats()
+            ready, done = self.graph_run()
+        else:
+            threaded_pass(reduce_fn, self.tensors, self.schedule)  # negotiates every name
+            self.comm.Barrier()
+            before = hvd.stats()
+            ready, called, done = threaded_pass(reduce_fn, self.tensors, self.schedule)
         after = hvd.stats()
         delta = {k: after[k] - before[k] for k in ("chunks", "preemptions", "fused_buffers", "fused_tensors")}
         if timeline:  # the file is complete once the runtime is shut down
@@ -326,6 +377,16 @@ class Bench:
         def reduce_fn(i, x):
             return fns[i](x)
 
+        if self.graph:
+            run = graph_backward(lambda i, x: hhvd.allreduce(x, op=hhvd.Sum, name=f"grad_{i}"), tensors,
+                                 self.schedule, tf)
+            run()
+            runs = []
+            for _ in range(reps):
+                self.comm.Barrier()
+                ready, done = run()
+                runs.append(self._record("horovod", ready, done))
+            return runs
         for i, x in enumerate(tensors):  # trace every function before the timed passes
             fns[i](x)
         threaded_pass(reduce_fn, tensors, self.schedule)
@@ -346,7 +407,8 @@ def horovod_subprocess(python, ns, nranks):
         return None, f"skipped: no mpiexec next to {python}"
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_ENV)}
     cmd = [mpiexec, "-n", str(nranks), python, os.path.abspath(__file__), "--impl", "horovod",
-           "--reps", str(ns.reps), "--compute-ms", str(ns.compute_ms)] + (["--conv-bias"] if ns.conv_bias else [])
+           "--reps", str(ns.reps), "--compute-ms", str(ns.compute_ms)] + (["--conv-bias"] if ns.conv_bias else []) + \
+        (["--graph"] if ns.graph else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
     except subprocess.TimeoutExpired:
@@ -364,7 +426,7 @@ def run_ranks(ns):
     shapes = [s for _, s in resnet50_variables(ns.conv_bias)]
     sizes = [num_elements(s) * 4 for s in shapes]
     schedule = backprop_schedule(sizes, ns.compute_ms / 1e3)
-    bench = Bench(comm, shapes, schedule)
+    bench = Bench(comm, shapes, schedule, graph=ns.graph)
     if ns.impl == "horovod":  # a child job started by horovod_subprocess
         runs = bench.horovod_inprocess(ns.reps)
         if comm.rank == 0:
@@ -419,7 +481,11 @@ def run_ranks(ns):
         rows.append({"policy": "horovod", "skipped": True, "reason": hvd_note})
     for r in rows:
         print(json.dumps(r), flush=True)
-    print(json.dumps(summary(rows, ns.compute_ms, ns.link_name, sum(sizes), len(sizes))), flush=True)
+    line = summary(rows, ns.compute_ms, ns.link_name, sum(sizes), len(sizes))
+    import tensorflow as tf
+    line.update(issue="tf.function backward pass" if ns.graph else "a Python thread per gradient",
+                inter_op_threads=tf.config.threading.get_inter_op_parallelism_threads() or "TensorFlow's default")
+    print(json.dumps(line), flush=True)
     if ns.plot:
         plot(rows, bench.per_layer, ns.plot, ns.compute_ms, ns.link_name)
     return 0
@@ -475,6 +541,9 @@ def parse(argv):
     p.add_argument("--inflight", type=int, help="MLSL_TF_INFLIGHT for the mlsl_tf policies")
     p.add_argument("--fusion-threshold", type=int, help="MLSL_TF_FUSION_THRESHOLD for the mlsl_tf policies")
     p.add_argument("--conv-bias", action="store_true", help="keep the 53 conv biases (214 tensors)")
+    p.add_argument("--graph", action="store_true",
+                   help="issue the gradients from a tf.function backward pass whose layers hold an executor thread "
+                        "(py_function sleeps), as a training graph does, instead of one Python thread per gradient")
     p.add_argument("--check-keras", action="store_true",
                    help="check the generated variable list against keras.applications.ResNet50 and exit")
     p.add_argument("--timeline-dir", help="write mlsl_tf timelines of the first measured run per policy here")

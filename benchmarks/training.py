@@ -337,7 +337,7 @@ def draw_timeline(trace_path, png_path):
         window = trace.window(bursts[-4] - 5e3, bursts[-2] - 5e3)
     else:
         window = trace
-    timeline.draw(window, png_path, title="rank 0: two consecutive training steps (overlap)", order="priority")
+    timeline.draw(window, png_path, title="rank 0: two consecutive training steps (overlap)", order="name")
 
 
 def parse(argv):

@@ -225,11 +225,13 @@ def offer(reduced, local, options, priority):
     reduction itself and defer the update. Unused, the tape's allreduce is pruned from the
     function."""
     _offers.setdefault(tf.compat.v1.get_default_graph(), {})[id(reduced)] = _Offer(reduced, local, options, priority)
-    _install_optimizer_hook()
+    install_optimizer_hook()
 
 
-def _install_optimizer_hook():
-    """Keras optimizers' apply() learns to defer gradients offered by DistributedGradientTape."""
+def install_optimizer_hook():
+    """Keras optimizers' apply() learns to defer gradients offered by DistributedGradientTape.
+    Installed when such a tape is made: `opt.apply(tape.gradient(...))` looks `apply` up before
+    the gradient is computed."""
     from keras.src.optimizers import base_optimizer
     current = base_optimizer.BaseOptimizer.apply
     if getattr(current, "_mlsl_deferring", False):
@@ -314,8 +316,15 @@ class Deferral:
             return
         opt = self.optimizer
         lr_dtype = getattr(opt._learning_rate, "dtype", None) or _keras().config.floatx()
-        self.iteration = tf.Variable(0, dtype=opt._iterations.dtype, trainable=False, name="mlsl_step_iteration")
-        self.learning_rate = tf.Variable(0, dtype=lr_dtype, trainable=False, name="mlsl_step_learning_rate")
+
+        def make():
+            return (tf.Variable(0, dtype=opt._iterations.dtype, trainable=False, name="mlsl_step_iteration"),
+                    tf.Variable(0, dtype=lr_dtype, trainable=False, name="mlsl_step_learning_rate"))
+        try:
+            self.iteration, self.learning_rate = make()
+        except ValueError:  # a later trace of a tf.function, which may not create variables
+            with tf.init_scope():
+                self.iteration, self.learning_rate = make()
         state = _StateRecord()
         state.deferral = self
         skip = {id(opt._iterations), id(opt._learning_rate)}

@@ -74,6 +74,8 @@ def DistributedGradientTape(tape, device_dense="", device_sparse="", compression
     options = ReduceOptions(name or "DistributedGradientTape", compression, sparse_as_dense, op,
                             gradient_predivide_factor, num_groups, groups, process_set if group is None else group,
                             device_dense, device_sparse)
+    if overlap.enabled(cross_iteration):
+        overlap.install_optimizer_hook()
     base = type(tape)
     if issubclass(base, _DistributedGradientTape):
         base = next(b for b in base.__mro__[1:] if not issubclass(b, _DistributedGradientTape))

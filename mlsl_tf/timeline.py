@@ -13,6 +13,10 @@ What the core writes (ops/core/scheduler.cc), per rank (pid):
   X other        a non-chunked collective ("allgather", ...), lane "collective"
   i "preempt"    "preempted by LABEL", args tensor: the label whose remaining chunks waited
   i "done"       tensor name: its result is available
+  i "start"      lane "framework": a deferred update's reduction was started (the backward pass
+                 produced the gradient; cross-iteration overlap, mlsl_tf/overlap.py)
+  i "take"       lane "framework": that result was handed to the graph that asked for it (the
+                 next forward pass reached the variable)
 The chart has one row per in-flight slot (chunks coloured by priority) above one row per
 tensor (negotiate / queue / transfer / done), with the preemptions marked on both.
 Standard library only, except matplotlib for the PNG.
@@ -27,6 +31,8 @@ import sys
 from typing import Optional
 
 PHASES = ("negotiate", "queue", "chunk", "collective")
+FRAMEWORK_MARKS = (("start", "#2ca02c", ">", "started (gradient ready)"),
+                   ("take", "#d62728", "o", "taken (next forward pass)"))
 PHASE_COLOURS = {"negotiate": "#b0b0b0", "queue": "#f5a623", "chunk": "#2a6fdb", "collective": "#7b4fc9"}
 _FUSED = re.compile(r"fused\[(\d+)\] (.*)\Z", re.S)
 _PREEMPTED_BY = "preempted by "
@@ -283,6 +289,13 @@ def draw(trace, path, title=None, order="submit", max_label_rows=60):
     done = [i for i in trace.instants if i.kind == "done" and i.name in row_of]
     ax_t.scatter([ms(i.at_us) for i in done], [row_of[i.name] for i in done], marker="|", s=18, color="black",
                  linewidths=0.8, zorder=3)
+    framework = []
+    for kind, colour, marker, label in FRAMEWORK_MARKS:
+        pts = [i for i in trace.instants if i.kind == kind and i.name in row_of]
+        if pts:
+            ax_t.scatter([ms(i.at_us) for i in pts], [row_of[i.name] for i in pts], marker=marker, s=10,
+                         color=colour, zorder=4)
+            framework.append(plt.Line2D([], [], color=colour, marker=marker, ls="", label=label))
     step = max(1, -(-n_rows // max_label_rows))
     ax_t.set_yticks(range(0, len(rows), step), rows[::step], fontsize=6 if n_rows > 40 else 8)
     ax_t.set_ylim(-0.6, n_rows - 0.4)
@@ -299,6 +312,7 @@ def draw(trace, path, title=None, order="submit", max_label_rows=60):
     legend = [Patch(color=PHASE_COLOURS[k], label=k if k != "chunk" else "transfer (chunks)") for k in PHASES]
     legend.append(plt.Line2D([], [], color="red", lw=0.8, label="preemption (x: preempted tensor)"))
     legend.append(plt.Line2D([], [], color="black", marker="|", ls="", label="done"))
+    legend += framework
     ax_t.legend(handles=legend, fontsize=7, loc="upper right", ncol=3)
     for ax in (ax_s, ax_t):
         ax.grid(True, axis="x", alpha=0.3)
