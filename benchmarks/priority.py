@@ -213,7 +213,7 @@ def threaded_pass(reduce_fn, tensors, schedule):
 
 def graph_backward(allreduce_fn, tensors, schedule, tf):
     """A backward pass as a tf.function, what a training step's graph looks like to the
-    executor: each layer's compute is a py_function that sleeps its share (holding an executor
+    executor: each layer's compute is a numpy_function that sleeps its share (holding an executor
     thread, as a kernel does), then its gradient goes to allreduce_fn(i, tensor). Returns run(),
     which executes one pass and returns (ready, done) perf_counter times per index: the layer's
     compute ended, the reduced gradient was available to the graph."""
@@ -237,13 +237,15 @@ def graph_backward(allreduce_fn, tensors, schedule, tf):
             return x
         return run
 
+    # Declared stateless: TF chains stateful ops in program order, which would make layer i-1's
+    # compute wait for layer i's reduction to be stamped.
     @tf.function
     def backward(seed):
         t, outs = seed, []
         for i, seconds in spans:
-            t = tf.py_function(compute(i, seconds), [t], tf.float32)
+            t = tf.numpy_function(compute(i, seconds), [t], tf.float32, stateful=False)
             reduced = allreduce_fn(i, tensors[i] * t[0])
-            outs.append(tf.py_function(stamp(i), [reduced[:1]], tf.float32))
+            outs.append(tf.numpy_function(stamp(i), [reduced[:1]], tf.float32, stateful=False))
         return tf.add_n(outs) + t
 
     def run():
