@@ -228,6 +228,8 @@ def links_context(link, np_):
 
 
 def orchestrate(ns):
+    import signal
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds the with blocks: namespaces deleted
     configs = [c for c in ns.configs if c != "horovod" or ns.horovod_python]
     skipped_horovod = "horovod" in ns.configs and not ns.horovod_python
     if skipped_horovod:

@@ -2,6 +2,7 @@
 ctypes (the C API of ops/core/c_api.h). Both are the same shared object, so they share the one
 Runtime the C API holds."""
 
+import collections
 import ctypes
 import functools
 import os
@@ -36,7 +37,7 @@ def c_api():
     for fn in ("last_error", "stats_json"):
         getattr(lib, "mlsl_tf_" + fn).restype = ctypes.c_char_p
         getattr(lib, "mlsl_tf_" + fn).argtypes = []
-    for fn in ("name", "default", "doc"):
+    for fn in ("name", "default", "doc", "allowed"):
         getattr(lib, "mlsl_tf_setting_" + fn).restype = ctypes.c_char_p
         getattr(lib, "mlsl_tf_setting_" + fn).argtypes = [ctypes.c_int]
     return lib
@@ -46,14 +47,19 @@ def last_error():
     return c_api().mlsl_tf_last_error().decode()
 
 
+Setting = collections.namedtuple("Setting", "default doc value allowed")
+
+
 def settings():
-    """Every MLSL_TF_* setting the library declares: {name: (default, doc, current value)}."""
+    """Every MLSL_TF_* setting the library declares: {name: Setting(default, doc, current value,
+    what it allows)}. init() refuses values it does not allow."""
     lib = c_api()
     out = {}
     for i in range(lib.mlsl_tf_setting_count()):
         name = lib.mlsl_tf_setting_name(i).decode()
         default = lib.mlsl_tf_setting_default(i).decode()
-        out[name] = (default, lib.mlsl_tf_setting_doc(i).decode(), os.environ.get(name) or default)
+        out[name] = Setting(default, lib.mlsl_tf_setting_doc(i).decode(), os.environ.get(name) or default,
+                            lib.mlsl_tf_setting_allowed(i).decode())
     return out
 
 

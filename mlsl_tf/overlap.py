@@ -411,7 +411,10 @@ class Deferral:
         grads, variables = opt._filter_empty_gradients([i[0] for i in items], [i[1] for i in items])
         by_var = {id(i[1]): i for i in items}
         items = [(g,) + by_var[id(v)][1:] for g, v in zip(grads, variables)]
-        for _, var, _, _ in items:  # an update still pending from an earlier step goes first
+        # Every update still pending reads the recorded step values, so all go before they are
+        # overwritten: in a traced step the forward pass has taken them already (nothing to
+        # add); an optimizer applied twice in one step waits here for its first reductions.
+        for var in self.variables:
             _before_access(var)
         with _busy(self), keras.name_scope(opt.name, caller=opt):
             self.iteration.assign(opt._iterations)

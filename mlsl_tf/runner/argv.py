@@ -64,6 +64,13 @@ def _mb_to_bytes(text: str) -> str:
     return str(int(value * 1024 * 1024))
 
 
+def _positive_mb_to_bytes(text: str) -> str:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a size in MB > 0, got {text!r}")
+    return str(max(1, int(value * 1024 * 1024)))
+
+
 def _positive_int(text: str) -> str:
     value = int(text)
     if value < 1:
@@ -94,7 +101,7 @@ def _path(text: str) -> str:
 ENV_FLAGS: tuple[EnvFlag, ...] = (
     EnvFlag("--fusion-threshold-mb", "MLSL_TF_FUSION_THRESHOLD", _mb_to_bytes,
             "fuse small allreduces into buffers of up to this many MB (0 = off)"),
-    EnvFlag("--chunk-mb", "MLSL_TF_CHUNK_BYTES", _mb_to_bytes,
+    EnvFlag("--chunk-mb", "MLSL_TF_CHUNK_BYTES", _positive_mb_to_bytes,
             "cut allreduces into chunks of this many MB; the scheduler re-picks between chunks"),
     EnvFlag("--inflight", "MLSL_TF_INFLIGHT", _positive_int, "chunks in flight at once"),
     EnvFlag("--priority", "MLSL_TF_PRIORITY", _policy, "scheduling policy: priority (default) or fifo"),

@@ -72,6 +72,8 @@ extern "C" int mlsl_tf_init(void) {
   mlsl::Handle& h = mlsl::TheHandle();
   std::lock_guard<std::mutex> lock(h.mu);
   if (h.runtime) return 0;  // init twice is harmless
+  std::string bad = mlsl::CheckSettings();
+  if (!bad.empty()) return mlsl::Fail(bad);
   std::unique_ptr<mlsl::Communicator> comm;
   mlsl::Status s = mlsl::CreateMpiCommunicator(&comm);
   if (!s.ok()) return mlsl::Fail(s.message());
@@ -123,6 +125,11 @@ extern "C" int mlsl_tf_setting_count(void) { return int(mlsl::AllSettings().size
 extern "C" const char* mlsl_tf_setting_name(int i) { return mlsl::AllSettings().at(i).name; }
 extern "C" const char* mlsl_tf_setting_default(int i) { return mlsl::AllSettings().at(i).default_value; }
 extern "C" const char* mlsl_tf_setting_doc(int i) { return mlsl::AllSettings().at(i).doc; }
+extern "C" const char* mlsl_tf_setting_allowed(int i) {
+  static thread_local std::string text;
+  text = mlsl::Allowed(mlsl::AllSettings().at(i));
+  return text.c_str();
+}
 
 extern "C" int mlsl_tf_add_group(const int* ranks, int n) {
   if (n < 0 || (n > 0 && !ranks)) return mlsl::Fail("mlsl_tf_add_group: invalid rank list");

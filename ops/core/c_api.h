@@ -40,6 +40,7 @@ int mlsl_tf_setting_count(void);
 const char* mlsl_tf_setting_name(int i);
 const char* mlsl_tf_setting_default(int i);
 const char* mlsl_tf_setting_doc(int i);
+const char* mlsl_tf_setting_allowed(int i);  // what the setting accepts, in words
 
 #ifdef __cplusplus
 }

@@ -12,7 +12,7 @@ std::atomic<int> g_rank{-1};
 LogLevel Threshold() {
   static const LogLevel level = [] {
     std::string v = SettingString("MLSL_TF_LOG_LEVEL");
-    if (v == "debug") return LogLevel::kDebug;
+    if (v == "debug") return LogLevel::kDebug;  // lower case; checked at init
     if (v == "info") return LogLevel::kInfo;
     if (v == "error") return LogLevel::kError;
     return LogLevel::kWarning;

@@ -34,14 +34,11 @@ constexpr uint64_t kNobodyBusy = 2;       // flags word, bit 1: no rank has tran
 
 SchedulerOptions OptionsFromSettings() {
   SchedulerOptions o;
-  o.chunk_bytes = std::max<int64_t>(1, SettingInt("MLSL_TF_CHUNK_BYTES"));
-  o.inflight = int(std::max<int64_t>(1, SettingInt("MLSL_TF_INFLIGHT")));
+  // The values were checked by CheckSettings at init (settings.cc declares their ranges).
+  o.chunk_bytes = SettingInt("MLSL_TF_CHUNK_BYTES");
+  o.inflight = int(SettingInt("MLSL_TF_INFLIGHT"));
   o.fusion_threshold = SettingInt("MLSL_TF_FUSION_THRESHOLD");
-  std::string policy = SettingString("MLSL_TF_PRIORITY");
-  if (policy != "priority" && policy != "fifo") {
-    Log(LogLevel::kWarning, "MLSL_TF_PRIORITY=" + policy + " is neither 'priority' nor 'fifo'; using priority");
-  }
-  o.fifo = policy == "fifo";
+  o.fifo = SettingString("MLSL_TF_PRIORITY") == "fifo";
   return o;
 }
 
@@ -63,9 +60,6 @@ DataType WireFromSettings() {
   std::string w = SettingString("MLSL_TF_WIRE_DTYPE");
   if (w == "bfloat16" || w == "bf16") return DataType::kBfloat16;
   if (w == "float16" || w == "fp16") return DataType::kFloat16;
-  if (w != "float32" && w != "none" && w != "fp32") {
-    Log(LogLevel::kWarning, "MLSL_TF_WIRE_DTYPE=" + w + " is not one of float32, bfloat16, float16; using float32");
-  }
   return DataType::kFloat32;
 }
 
@@ -121,9 +115,9 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       rank_(comm_->rank()),
       size_(comm_->size()),
       topology_(comm_->topology()),
-      heartbeat_(std::max<int64_t>(1, SettingInt("MLSL_TF_HEARTBEAT_MS"))),
+      heartbeat_(SettingInt("MLSL_TF_HEARTBEAT_MS")),
       stall_warning_(SettingInt("MLSL_TF_STALL_WARNING_SECONDS")),
-      spin_(std::max<int64_t>(0, SettingInt("MLSL_TF_SPIN_US"))),
+      spin_(SettingInt("MLSL_TF_SPIN_US")),
       timeline_(SettingString("MLSL_TF_TIMELINE"), rank_),
       options_(OptionsFromSettings()),
       default_wire_(WireFromSettings()),

@@ -1,40 +1,54 @@
 #include "settings.h"
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 
 namespace mlsl {
 
 const std::vector<SettingInfo>& AllSettings() {
+  using T = SettingType;
   static const std::vector<SettingInfo> table = {
       {"MLSL_TF_HEARTBEAT_MS", "10",
-       "longest an idle background thread sleeps between cycles (bounds how fast a peer's shutdown is seen)"},
+       "longest an idle background thread sleeps between cycles (bounds how fast a peer's shutdown is seen)",
+       T::kInt, 1, 60000},
       {"MLSL_TF_SPIN_US", "200",
-       "after finishing work the background thread polls this long for the next request before sleeping"},
+       "after finishing work the background thread polls this long for the next request before sleeping",
+       T::kInt, 0, 1000000},
       {"MLSL_TF_STALL_WARNING_SECONDS", "60",
-       "warn when a collective has been submitted by some ranks but not others for this long (0 = never)"},
+       "warn when a collective has been submitted by some ranks but not others for this long (0 = never)",
+       T::kInt, 0, 31536000},
       {"MLSL_TF_CHUNK_BYTES", "1048576",
-       "allreduces larger than this are cut into chunks of this many bytes; the scheduler re-picks between chunks"},
-      {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once"},
+       "allreduces larger than this are cut into chunks of this size; the scheduler re-picks between chunks",
+       T::kBytes, 256, int64_t(1) << 31},
+      {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64},
       {"MLSL_TF_FUSION_THRESHOLD", "1048576",
-       "small allreduces of the same kind are fused into one buffer of up to this many bytes (0 = no fusion)"},
+       "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",
+       T::kBytes, 0, int64_t(1) << 31},
       {"MLSL_TF_PRIORITY", "priority",
-       "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served"},
+       "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served",
+       T::kChoice, 0, 0, "priority|fifo"},
       {"MLSL_TF_WIRE_DTYPE", "float32",
-       "wire type of float32 allreduces/reducescatters without an explicit compression: float32, bfloat16 or float16"},
+       "wire type of float32 allreduces/reducescatters without an explicit compression",
+       T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none"},
       {"MLSL_TF_COMM_CORE", "",
-       "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core"},
-      {"MLSL_TF_TIMELINE", "",
-       "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank)"},
+       "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kCores},
+      {"MLSL_TF_TIMELINE", "", "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank)"},
       {"MLSL_TF_INTER_OP_THREADS", "auto",
        "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "
-       "default (one per core of the machine, too many with several ranks per machine)"},
+       "default (one per core of the machine, too many with several ranks per machine)",
+       T::kThreads, 1, 1024, "auto|tf"},
       {"MLSL_TF_CROSS_ITERATION", "1",
        "1: DistributedOptimizer / DistributedGradientTape apply each variable's update just before its next "
-       "access (the next forward pass), so reductions overlap the next step; 0: apply inside the step"},
-      {"MLSL_TF_LOG_LEVEL", "warning", "core log level: debug, info, warning or error"},
+       "access (the next forward pass), so reductions overlap the next step; 0: apply inside the step",
+       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no"},
+      {"MLSL_TF_LOG_LEVEL", "warning", "core log level", T::kChoice, 0, 0, "debug|info|warning|error"},
       {"MLSL_TF_START_TIMEOUT", "",
-       "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)"},
+       "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)",
+       T::kInt, 0, 31536000},
   };
   return table;
 }
@@ -47,13 +61,156 @@ static const SettingInfo& Find(const std::string& name) {
   std::abort();
 }
 
+namespace {
+
+std::string Lower(std::string s) {
+  for (char& c : s) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return s;
+}
+
+std::string Trim(const std::string& s) {
+  size_t a = s.find_first_not_of(" \t"), b = s.find_last_not_of(" \t");
+  return a == std::string::npos ? "" : s.substr(a, b - a + 1);
+}
+
+std::vector<std::string> Choices(const SettingInfo& info) {
+  std::vector<std::string> out;
+  std::string c = info.choices;
+  size_t pos = 0;
+  while (pos <= c.size()) {
+    size_t bar = c.find('|', pos);
+    out.push_back(c.substr(pos, bar == std::string::npos ? std::string::npos : bar - pos));
+    if (bar == std::string::npos) break;
+    pos = bar + 1;
+  }
+  return out;
+}
+
+// A decimal integer (optional sign), nothing else.
+bool ParseInteger(const std::string& s, int64_t* out) {
+  if (s.empty()) return false;
+  size_t i = (s[0] == '-' || s[0] == '+') ? 1 : 0;
+  if (i == s.size()) return false;
+  for (size_t j = i; j < s.size(); ++j) if (!std::isdigit(static_cast<unsigned char>(s[j]))) return false;
+  errno = 0;
+  long long v = std::strtoll(s.c_str(), nullptr, 10);
+  if (errno == ERANGE) return false;
+  *out = v;
+  return true;
+}
+
+// A non-negative decimal number with an optional unit; the result in bytes.
+bool ParseBytes(const std::string& s, int64_t* out) {
+  size_t i = 0;
+  while (i < s.size() && (std::isdigit(static_cast<unsigned char>(s[i])) || s[i] == '.')) ++i;
+  std::string number = s.substr(0, i), unit = Lower(Trim(s.substr(i)));
+  if (number.empty() || number == "." || number.find('.') != number.rfind('.')) return false;
+  static const struct { const char* name; double factor; } units[] = {
+      {"", 1}, {"b", 1}, {"k", 1e3}, {"kb", 1e3}, {"kib", 1024.0}, {"m", 1e6}, {"mb", 1e6},
+      {"mib", 1048576.0}, {"g", 1e9}, {"gb", 1e9}, {"gib", 1073741824.0}};
+  for (const auto& u : units) {
+    if (unit == u.name) {
+      double v = std::strtod(number.c_str(), nullptr) * u.factor;
+      if (!(v < 9e18)) return false;
+      double rounded = std::floor(v + 0.5);
+      if (std::fabs(v - rounded) > 1e-6 * std::max(1.0, v)) return false;  // a fraction of a byte
+      *out = int64_t(rounded);
+      return true;
+    }
+  }
+  return false;
+}
+
+std::string Range(const SettingInfo& info) {
+  return "from " + std::to_string(info.min) + " to " + std::to_string(info.max);
+}
+
+}  // namespace
+
+std::string Allowed(const SettingInfo& info) {
+  switch (info.type) {
+    case SettingType::kText: return "any text";
+    case SettingType::kInt:
+      return std::string("an integer ") + Range(info) + (*info.default_value ? "" : ", or empty");
+    case SettingType::kBytes:
+      return "a size in bytes " + Range(info) + ", optionally with a unit (KB, KiB, MB, MiB, GB, GiB)";
+    case SettingType::kCores: return "empty, or a core number or a comma-separated list of them (e.g. 3 or 2,3)";
+    case SettingType::kChoice:
+    case SettingType::kThreads: {
+      std::string out = "one of ";
+      auto choices = Choices(info);
+      for (size_t i = 0; i < choices.size(); ++i) out += (i ? ", " : "") + choices[i];
+      if (info.type == SettingType::kThreads) out += ", or an integer " + Range(info);
+      return out;
+    }
+  }
+  return "";
+}
+
+std::string CheckSetting(const SettingInfo& info, const std::string& raw, int64_t* number) {
+  const std::string text = Trim(raw);
+  bool ok = true;
+  int64_t value = 0;
+  switch (info.type) {
+    case SettingType::kText: break;
+    case SettingType::kInt:
+      ok = (text.empty() && !*info.default_value) ||
+           (ParseInteger(text, &value) && value >= info.min && value <= info.max);
+      break;
+    case SettingType::kBytes:
+      ok = ParseBytes(text, &value) && value >= info.min && value <= info.max;
+      break;
+    case SettingType::kChoice:
+    case SettingType::kThreads: {
+      ok = false;
+      for (const std::string& c : Choices(info)) ok = ok || Lower(text) == c;
+      if (!ok && info.type == SettingType::kThreads) {
+        ok = ParseInteger(text, &value) && value >= info.min && value <= info.max;
+      }
+      break;
+    }
+    case SettingType::kCores: {
+      size_t pos = 0;
+      while (ok && pos < text.size()) {
+        size_t comma = text.find(',', pos);
+        std::string item = Trim(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
+        int64_t core;
+        ok = ParseInteger(item, &core) && core >= 0;
+        if (comma == std::string::npos) break;
+        pos = comma + 1;
+      }
+      break;
+    }
+  }
+  if (!ok) return std::string(info.name) + "=" + raw + " is not valid: expected " + Allowed(info);
+  if (number) *number = value;
+  return "";
+}
+
+std::string CheckSettings() {
+  std::string errors;
+  for (const SettingInfo& s : AllSettings()) {
+    const char* env = std::getenv(s.name);
+    if (!env || !*env) continue;
+    std::string e = CheckSetting(s, env);
+    if (!e.empty()) errors += (errors.empty() ? "" : "\n") + e;
+  }
+  return errors;
+}
+
 std::string SettingString(const std::string& name) {
   const SettingInfo& info = Find(name);
   const char* env = std::getenv(info.name);
-  return env && *env ? env : info.default_value;
+  std::string value = Trim(env && *env ? env : info.default_value);
+  return info.type == SettingType::kChoice || info.type == SettingType::kThreads ? Lower(value) : value;
 }
 
-int64_t SettingInt(const std::string& name) { return std::strtoll(SettingString(name).c_str(), nullptr, 10); }
-double SettingDouble(const std::string& name) { return std::strtod(SettingString(name).c_str(), nullptr); }
+int64_t SettingInt(const std::string& name) {
+  const SettingInfo& info = Find(name);
+  int64_t value = 0;
+  if (CheckSetting(info, SettingString(name), &value).empty()) return value;
+  CheckSetting(info, info.default_value, &value);
+  return value;
+}
 
 }  // namespace mlsl

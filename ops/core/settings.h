@@ -1,5 +1,7 @@
-// Every MLSL_TF_* environment setting, declared once with its default and a one-line doc.
-// Python asks the library for this table (mlsl_tf.settings()) instead of copying it.
+// Every MLSL_TF_* environment setting, declared once with its default, what it allows (type,
+// range, units) and a one-line doc. Python asks the library for this table (mlsl_tf.settings())
+// instead of copying it, and init() refuses a value that does not parse or is out of range,
+// naming the variable, the value and what is allowed -- never a silent fallback.
 #pragma once
 
 #include <cstdint>
@@ -8,18 +10,38 @@
 
 namespace mlsl {
 
+enum class SettingType {
+  kText,      // any string (a path)
+  kInt,       // an integer in [min, max]; "" allowed when the default is ""
+  kBytes,     // a size: a number with an optional unit (B, KB, KiB, MB, MiB, GB, GiB) in [min, max]
+  kChoice,    // one of `choices` ("a|b|c")
+  kCores,     // "" or a comma-separated list of core numbers
+  kThreads,   // one of `choices` or an integer in [min, max]
+};
+
 struct SettingInfo {
   const char* name;
   const char* default_value;
   const char* doc;
+  SettingType type = SettingType::kText;
+  int64_t min = 0, max = INT64_MAX;
+  const char* choices = "";
 };
 
 const std::vector<SettingInfo>& AllSettings();
 
+// What `info` allows, in words ("an integer from 1 to 64", "one of priority, fifo", ...).
+std::string Allowed(const SettingInfo& info);
+// Checks `text` against `info`: "" when valid, else the error (variable, value, what is allowed).
+// For kInt and kBytes (and a kThreads number) *number receives the value.
+std::string CheckSetting(const SettingInfo& info, const std::string& text, int64_t* number = nullptr);
+// The errors of every setting's environment value, one per line ("" when all are valid).
+std::string CheckSettings();
+
 // The environment's value of a declared setting, or its default. Unknown names abort: a typo
-// in the code must not silently read a default.
+// in the code must not silently read a default. SettingInt parses kInt and kBytes values
+// (CheckSettings ran at init; an invalid value here reads as the default).
 std::string SettingString(const std::string& name);
 int64_t SettingInt(const std::string& name);
-double SettingDouble(const std::string& name);
 
 }  // namespace mlsl

@@ -270,11 +270,9 @@ class TakeResultKernel : public AsyncOpKernel {
   bool IsExpensive() override { return false; }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    // Without a runtime (before init, after shutdown) nothing is parked: found = false, so a
+    // model whose updates were deferred still runs its graphs.
     std::shared_ptr<mlsl::Runtime> rt = mlsl::CurrentRuntime();
-    OP_REQUIRES_ASYNC(ctx, rt != nullptr,
-                      tensorflow::errors::FailedPrecondition(
-                          "mlsl_tf has not been initialised: call mlsl_tf.init() before taking '", tensor_name_, "'"),
-                      done);
     auto finish = [this, ctx, done](const mlsl::Status& s, mlsl::Results::Payload payload) {
       const Tensor& out = static_cast<DeferredTensors*>(payload.get())->output;
       if (!s.ok()) {
@@ -289,7 +287,7 @@ class TakeResultKernel : public AsyncOpKernel {
       }
       done();
     };
-    if (rt->results()->Take(tensor_name_, std::move(finish))) return;
+    if (rt != nullptr && rt->results()->Take(tensor_name_, std::move(finish))) return;
     // Nothing started under this name: found = false, and an output of the declared shape that
     // nobody reads (it is not written).
     SetFound(ctx, false);

@@ -232,5 +232,8 @@ def test_shutdown_applies_pending_updates_first():
     try:
         raw = [v.value.numpy() for v in model_on.trainable_variables]  # no runtime: nothing left to take
         _assert_same(raw, model_off.get_weights())
+        x, _ = _data()
+        # Its graphs still run (their takes find nothing without a runtime).
+        np.testing.assert_allclose(model_on.predict(x, verbose=0), model_off.predict(x, verbose=0), rtol=1e-6)
     finally:
         hvd.init()

@@ -413,7 +413,7 @@ def test_scheduler_flags_become_rank_environment():
                    "MLSL_TF_INFLIGHT": "3"}
 
 
-@pytest.mark.parametrize("flag,value", [("--priority", "lifo"), ("--comm-core", "a"), ("--chunk-mb", "-1"),
+@pytest.mark.parametrize("flag,value", [("--priority", "lifo"), ("--comm-core", "a"), ("--chunk-mb", "-1"), ("--chunk-mb", "0"),
                                         ("--inflight", "0")])
 def test_scheduler_flags_reject_bad_values(flag, value):
     with pytest.raises(ValueError):

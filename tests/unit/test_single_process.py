@@ -22,8 +22,8 @@ def initialised():
     yield
 
 
-def run_python(code, timeout=120):
-    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2")
+def run_python(code, timeout=120, env=None):
+    env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="2", **(env or {}))
     return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -113,8 +113,74 @@ def test_bad_input_errors():
 def test_settings_come_from_the_library():
     s = hvd.settings()
     assert "MLSL_TF_HEARTBEAT_MS" in s
-    default, doc, value = s["MLSL_TF_HEARTBEAT_MS"]
-    assert default == "10" and doc
+    default, doc, value, allowed = s["MLSL_TF_HEARTBEAT_MS"]
+    assert default == "10" and doc and allowed == "an integer from 1 to 60000"
+    assert "KiB" in s["MLSL_TF_CHUNK_BYTES"].allowed
+    assert s["MLSL_TF_PRIORITY"].allowed == "one of priority, fifo"
+
+
+BAD_SETTINGS = [
+    ("MLSL_TF_CHUNK_BYTES", "abc", "a size in bytes from 256"),
+    ("MLSL_TF_CHUNK_BYTES", "0", "a size in bytes from 256"),
+    ("MLSL_TF_CHUNK_BYTES", "1e6", "a size in bytes from 256 to 2147483648, optionally with a unit"),
+    ("MLSL_TF_CHUNK_BYTES", "4 parsecs", "a size in bytes from 256"),
+    ("MLSL_TF_INFLIGHT", "0", "an integer from 1 to 64"),
+    ("MLSL_TF_INFLIGHT", "-3", "an integer from 1 to 64"),
+    ("MLSL_TF_FUSION_THRESHOLD", "-5", "a size in bytes from 0"),
+    ("MLSL_TF_HEARTBEAT_MS", "abc", "an integer from 1 to 60000"),
+    ("MLSL_TF_LOG_LEVEL", "loud", "one of debug, info, warning, error"),
+    ("MLSL_TF_STALL_WARNING_SECONDS", "-1", "an integer from 0"),
+    ("MLSL_TF_PRIORITY", "lifo", "one of priority, fifo"),
+    ("MLSL_TF_WIRE_DTYPE", "int8", "one of float32, bfloat16"),
+    ("MLSL_TF_COMM_CORE", "one", "empty, or a core number or a comma-separated list"),
+    ("MLSL_TF_CROSS_ITERATION", "maybe", "one of 1, 0"),
+    ("MLSL_TF_INTER_OP_THREADS", "0", "one of auto, tf, or an integer from 1"),
+]
+
+
+def test_bad_settings_are_refused_at_init():
+    """Each value alone in the environment: init() fails naming the variable, the value and
+    what is allowed (one process tries them all; a refused init leaves nothing behind)."""
+    r = run_python(f"""
+        import os, mlsl_tf as hvd
+        for var, value, _ in {BAD_SETTINGS!r}:
+            os.environ[var] = value
+            try:
+                hvd.init(); print("accepted", var, value); hvd.shutdown()
+            except RuntimeError as e:
+                print("refused:", str(e).replace(chr(10), " | "))
+            del os.environ[var]
+        """)
+    for var, value, allowed in BAD_SETTINGS:
+        assert f"refused: mlsl_tf.init() failed: {var}={value} is not valid: expected {allowed}" in r.stdout, \
+            r.stdout + r.stderr
+
+
+def test_every_bad_setting_is_reported_at_once():
+    r = run_python("""
+        import mlsl_tf as hvd
+        try:
+            hvd.init()
+        except RuntimeError as e:
+            print("refused:", str(e).replace(chr(10), " | "))
+        """, env={"MLSL_TF_INFLIGHT": "0", "MLSL_TF_PRIORITY": "lifo"})
+    assert "MLSL_TF_INFLIGHT=0 is not valid" in r.stdout and "MLSL_TF_PRIORITY=lifo is not valid" in r.stdout
+
+
+def test_good_settings_with_units_are_accepted():
+    r = run_python("""
+        import os, tensorflow as tf, mlsl_tf as hvd
+        for var, value in [("MLSL_TF_CHUNK_BYTES", "4MB"), ("MLSL_TF_CHUNK_BYTES", "1 MiB"),
+                           ("MLSL_TF_CHUNK_BYTES", "0.5MiB"), ("MLSL_TF_CHUNK_BYTES", "256"),
+                           ("MLSL_TF_FUSION_THRESHOLD", "0"), ("MLSL_TF_PRIORITY", "FIFO"),
+                           ("MLSL_TF_INFLIGHT", " 8 "), ("MLSL_TF_COMM_CORE", ""), ("MLSL_TF_CROSS_ITERATION", "off")]:
+            os.environ[var] = value
+            hvd.init()
+            print("sum", var, value, float(hvd.allreduce(tf.ones([300000]), op=hvd.Sum)[0]))
+            hvd.shutdown()
+            del os.environ[var]
+        """)
+    assert r.stdout.count(" 1.0\n") == 9, r.stdout + r.stderr
 
 
 def test_use_before_init_is_a_clear_error():
