@@ -6,6 +6,7 @@
 #   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
 #   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks)
 #   make example     train the digits CNN on 2 ranks
+#   make stress      long soak, large inputs and the fault matrix (not part of make test)
 
 VENV      ?= .venv
 PYTHON    ?= $(VENV)/bin/python
@@ -26,7 +27,7 @@ HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
 LIB       := mlsl_tf/_mlsl_tf.so
 TIMEOUT   ?= 600
 
-.PHONY: venv lib core-tests test test-unit test-mpi example clean FORCE
+.PHONY: venv lib core-tests test test-unit test-mpi stress example clean FORCE
 
 $(VENV)/.stamp: requirements.txt
 	python3 -m venv $(VENV)
@@ -95,6 +96,11 @@ test-mpi: venv lib
 
 test: venv core-tests lib test-unit test-mpi
 	@echo "all test suites passed"
+
+# Long checks, not in `make test` / CI (~10 min, ~14 GiB of memory): a soak of 100,000 mixed
+# collectives and 20,000 distinct names, a broadcast beyond 2^31-1 elements, the fault matrix.
+stress: venv lib
+	timeout 3600 $(PYTHON) -m pytest -q -s -p no:cacheprovider --timeout 1800 tests/stress
 
 example: venv lib
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m mlsl_tf.runner -np 2 $(PYTHON) examples/keras_digits.py

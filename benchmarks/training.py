@@ -342,6 +342,31 @@ def draw_timeline(trace_path, png_path):
     timeline.draw(window, png_path, title="rank 0: two consecutive training steps (overlap)", order="name")
 
 
+def markdown(paths):
+    """A markdown table of the median lines in result files: samples/s per configuration for each
+    (model, link), with efficiency and the ratio to Horovod."""
+    rows = []
+    for path in paths:
+        with open(path) as f:
+            rows += [json.loads(line)["median"] for line in f if line.startswith('{"median"')]
+    configs = [c for c in CONFIGS if any(r["config"] == c for r in rows)]
+    out = ["| model, link | " + " | ".join(configs) + " |", "|---" * (len(configs) + 1) + "|"]
+    for model, link in sorted({(r["model"], r["link"]) for r in rows}, key=lambda ml: (MODELS.index(ml[0]), ml[1])):
+        cells = []
+        for c in configs:
+            r = next((r for r in rows if (r["model"], r["link"], r["config"]) == (model, link, c)), None)
+            if r is None or "samples_per_s" not in r:
+                cells.append("-")
+                continue
+            cell = f"{r['samples_per_s']:.1f}"
+            extra = [f"{r['efficiency']:.0%}"] if "efficiency" in r else []
+            if "over_horovod" in r and c not in ("compute", "comm", "comm_bf16"):
+                extra.append(f"{r['over_horovod']:.2f}x hvd")
+            cells.append(cell + (f" ({', '.join(extra)})" if extra else ""))
+        out.append(f"| {model}, {link} | " + " | ".join(cells) + " |")
+    return "\n".join(out)
+
+
 def parse(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     split = lambda s: [x for x in s.split(",") if x]  # noqa: E731
@@ -356,6 +381,7 @@ def parse(argv):
     p.add_argument("--horovod-python", help="interpreter of a venv with Horovod 0.28.1 (mpiexec next to it)")
     p.add_argument("--plot", help="PNG bar chart of the medians")
     p.add_argument("--timeline-png", help="PNG of two consecutive steps of the first overlap job (rank 0)")
+    p.add_argument("--markdown", nargs="+", metavar="JSONL", help="print a markdown table of these result files and exit")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--config", help=argparse.SUPPRESS)
@@ -374,6 +400,9 @@ def parse(argv):
 
 def main(argv=None):
     ns = parse(sys.argv[1:] if argv is None else argv)
+    if ns.markdown:
+        print(markdown(ns.markdown))
+        return 0
     if ns.worker:
         return worker(ns)
     return orchestrate(ns)

@@ -1,7 +1,10 @@
 """Process-level API: init, shutdown and the rank/size queries, with Horovod's names."""
 
 import atexit
+import json
+import os
 import sys
+import time
 
 from mlsl_tf import _library
 
@@ -11,6 +14,41 @@ class NotInitializedError(ValueError):
 
 
 _atexit_registered = []
+
+# Set by mlslrun's per-rank wrapper: where this rank records why it failed (see runner/task.py).
+FAILURE_FILE_ENV = "MLSL_TF_FAILURE_FILE"
+# Words of the core's errors that mean another rank ended first: this rank's failure follows it.
+_PEER_FAILURE_WORDS = ("so collectives can no longer complete", "the background cycle failed")
+
+
+def _record_failure(error):
+    """Writes when and why this rank failed for mlslrun, which blames the first rank whose
+    failure was not caused by another rank's."""
+    path = os.environ.get(FAILURE_FILE_ENV)
+    if not path:
+        return
+    text = f"{type(error).__name__}: {error}"
+    record = {"time": time.time(), "pid": os.getpid(), "error": text.splitlines()[0][:500] if text else "",
+              "caused_by_peer": any(w in text for w in _PEER_FAILURE_WORDS)}
+    try:
+        with open(path + ".tmp", "w") as f:
+            json.dump(record, f)
+        os.replace(path + ".tmp", path)
+    except OSError:
+        pass
+
+
+def _exit_promptly_on_error(previous):
+    """An uncaught exception ends the process without MPI_Finalize, which would wait for every
+    other rank to finish (a rank busy elsewhere keeps the failed one alive, and the launcher
+    cannot see the failure). The traceback is printed first, and the exit handlers still run:
+    shutdown() tells the other ranks at once."""
+    def hook(kind, value, tb):
+        previous(kind, value, tb)
+        _record_failure(value)
+        _library.c_api().mlsl_tf_exit_failing()
+    hook.mlsl_tf = True
+    return hook
 
 
 def init(comm=None, process_sets=None):
@@ -33,6 +71,8 @@ def init(comm=None, process_sets=None):
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)
+    if not getattr(sys.excepthook, "mlsl_tf", False):
+        sys.excepthook = _exit_promptly_on_error(sys.excepthook)
     if "keras" in sys.modules:
         # A Keras script: progress bars and epoch lines on rank 0 only, as with mlsl_tf.keras.init
         # (mlsl_tf.keras.set_progress_output("all") brings them back).

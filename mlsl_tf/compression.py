@@ -3,9 +3,9 @@
 - `Compression.none`: the tensor travels as it is.
 - `Compression.fp16`: floating tensors are cast to float16 in Python around the collective
   (Horovod's behaviour: the sum is then done in float16).
-- `Compression.bf16`: float32 tensors travel as bfloat16 but are summed in float32 by the core
-  (each element is rounded once on the way in and once on the way out, whatever the number of
-  ranks); other dtypes travel as they are. `MLSL_TF_WIRE_DTYPE=bfloat16` makes this the
+- `Compression.bf16`: float32 (and float64, cast to float32 around the collective) tensors
+  travel as bfloat16 but are summed in float32 by the core (each element is rounded once on the
+  way in and once on the way out, whatever the number of ranks); other dtypes travel as they are. `MLSL_TF_WIRE_DTYPE=bfloat16` makes this the
   default for every float32 allreduce without an explicit compression.
 - `Compression.bf16_ef`: bf16 with error feedback: what the two roundings lost is kept by the
   core per tensor (by its collective name) and added to that tensor's next value, so the
@@ -59,10 +59,22 @@ class FP16Compressor(Compressor):
         return tensor if ctx is None else tf.cast(tensor, ctx)
 
 
-class BF16Compressor(NoneCompressor):
-    """float32 tensors travel as bfloat16, summed in float32 by the core."""
+class BF16Compressor(Compressor):
+    """float32 tensors travel as bfloat16, summed in float32 by the core; float64 tensors are
+    cast to float32 around the collective (so they travel as bfloat16 too) and come back as
+    float64. Other dtypes travel as they are."""
 
     wire = "bfloat16"
+
+    @staticmethod
+    def compress(tensor):
+        if tensor.dtype == tf.float64:
+            return tf.cast(tensor, tf.float32), tf.float64
+        return tensor, None
+
+    @staticmethod
+    def decompress(tensor, ctx):
+        return tensor if ctx is None else tf.cast(tensor, ctx)
 
 
 class BF16ErrorFeedbackCompressor(BF16Compressor):

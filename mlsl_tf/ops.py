@@ -1,6 +1,7 @@
 """The collective operations (Horovod's signatures) and their gradients."""
 
 import re
+import threading
 
 import tensorflow as tf
 
@@ -28,11 +29,16 @@ def _normalize_name(name):
 
 
 def _tensor_name(name, prefix, ignore_name_scope=False):
-    """The collective's cross-rank name. Eager: the given name, or "" (the kernel then uses its
-    op name; eager ops run one at a time). Graph: the given name inside the current name scope,
-    or the node name the op is about to get, qualified by the graph's name."""
+    """The collective's cross-rank name. Eager: the given name, or the op's type, qualified by
+    the calling thread's name outside the main thread (eager ops of one thread run one at a
+    time; threads are told apart by name, so every rank pairs the same threads). Graph: the
+    given name inside the current name scope, or the node name the op is about to get,
+    qualified by the graph's name."""
     if tf.executing_eagerly():
-        return name or ""
+        if name:
+            return name
+        thread = threading.current_thread()
+        return prefix if thread is threading.main_thread() else f"{prefix}@{thread.name}"
     if name is None:
         # The name the op's node will get: unique in this graph, and the same on every rank
         # because every rank traces the same program.
@@ -82,8 +88,8 @@ def _group_rank_and_size(process_set):
     return group_rank_and_size(group_id)
 
 
-def _check_feedback_name(compression, tensor_name):
-    if compression.error_feedback and not tensor_name:
+def _check_feedback_name(compression, name):
+    if compression.error_feedback and not name and tf.executing_eagerly():
         raise ValueError("Compression.bf16_ef keeps a residual per collective name: eager calls need name=")
 
 
@@ -91,12 +97,11 @@ def _allreduce(tensor, op=Sum, prescale_factor=1.0, postscale_factor=1.0, name=N
                ignore_name_scope=False, priority=0, compression=Compression.none):
     """The raw op: no IndexedSlices handling; `compression` only chooses the wire dtype (and
     error feedback), casting compressors are applied by the caller."""
+    _check_feedback_name(compression, name)
     tensor_name = _tensor_name(name, "MlslAllreduce", ignore_name_scope)
-    _check_feedback_name(compression, tensor_name)
     return _ops().mlsl_allreduce(
-        tensor, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        tensor_name=tensor_name, priority=priority, process_set_id=_group_id(process_set),
-        wire_dtype=compression.wire)
+        tensor, tensor_name, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+        priority=priority, process_set_id=_group_id(process_set), wire_dtype=compression.wire)
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
@@ -143,11 +148,11 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     for k, (dtype, idx) in enumerate(sorted(by_dtype.items(), key=lambda kv: kv[0].name)):
         members = [compressed[i][0] for i in idx]
         base = None if name is None else (name if len(by_dtype) == 1 else f"{name}.{dtype.name}")
+        _check_feedback_name(compression, base)
         tensor_name = _tensor_name(base, "MlslGroupedAllreduce", ignore_name_scope)
-        _check_feedback_name(compression, tensor_name)
         out = _ops().mlsl_grouped_allreduce(
-            members, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-            tensor_name=tensor_name, priority=priority, process_set_id=_group_id(process_set),
+            members, tensor_name, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
+            priority=priority, process_set_id=_group_id(process_set),
             wire_dtype=compression.wire)
         for i, o in zip(idx, out):
             results[i] = compression.decompress(o, compressed[i][1])
@@ -159,7 +164,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, prio
     with `group` (alias of `process_set`), the members' tensors in group-rank order."""
     process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
-    return _ops().mlsl_allgather(tensor, tensor_name=_tensor_name(name, "MlslAllgather", ignore_name_scope),
+    return _ops().mlsl_allgather(tensor, _tensor_name(name, "MlslAllgather", ignore_name_scope),
                                  priority=priority, process_set_id=_group_id(process_set))
 
 
@@ -182,8 +187,8 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
     member receives it from root_rank, which is a world rank and must be a member, as in Horovod."""
     group_id = _group_id(_group(process_set, group))
     tensor = tf.convert_to_tensor(tensor)
-    return _ops().mlsl_broadcast(tensor, root_rank=_root_index(root_rank, group_id),
-                                 tensor_name=_tensor_name(name, "MlslBroadcast", ignore_name_scope),
+    return _ops().mlsl_broadcast(tensor, _tensor_name(name, "MlslBroadcast", ignore_name_scope),
+                                 root_rank=_root_index(root_rank, group_id),
                                  priority=priority, process_set_id=group_id)
 
 
@@ -194,7 +199,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
     splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    return _ops().mlsl_alltoall(tensor, splits, tensor_name=_tensor_name(name, "MlslAlltoall", ignore_name_scope),
+    return _ops().mlsl_alltoall(tensor, splits, _tensor_name(name, "MlslAlltoall", ignore_name_scope),
                                 priority=priority, process_set_id=_group_id(process_set))
 
 
@@ -210,8 +215,8 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     out = _ops().mlsl_reducescatter(
-        compressed, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        tensor_name=_tensor_name(name, "MlslReducescatter", ignore_name_scope),
+        compressed, _tensor_name(name, "MlslReducescatter", ignore_name_scope), reduce_op=op,
+        prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         priority=priority, process_set_id=_group_id(process_set), wire_dtype=compression.wire)
     return compression.decompress(out, ctx)
 
@@ -238,7 +243,7 @@ def _allreduce_grad(op, grad):
     if reduce_op not in (Sum, Average):
         raise NotImplementedError(f"the gradient of allreduce with {_REDUCE_NAMES[reduce_op]} is not defined")
     return _allreduce(grad, reduce_op, op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
-                      process_set=op.get_attr("process_set_id") or None)
+                      process_set=op.get_attr("process_set_id") or None), None
 
 
 @tf.RegisterGradient("MlslGroupedAllreduce")
@@ -249,7 +254,7 @@ def _grouped_allreduce_grad(op, *grads):
     grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs)]
     return grouped_allreduce(grads, op=reduce_op, prescale_factor=op.get_attr("prescale_factor"),
                              postscale_factor=op.get_attr("postscale_factor"),
-                             process_set=op.get_attr("process_set_id") or None)
+                             process_set=op.get_attr("process_set_id") or None) + [None]
 
 
 @tf.RegisterGradient("MlslAllgather")
@@ -260,7 +265,7 @@ def _allgather_grad(op, grad):
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
     all_rows = allgather(rows, process_set=group)
     offset = tf.reduce_sum(all_rows[:_group_rank_and_size(group)[0]])
-    return grad[offset:offset + rows[0]]
+    return grad[offset:offset + rows[0]], None
 
 
 @tf.RegisterGradient("MlslBroadcast")
@@ -268,14 +273,14 @@ def _broadcast_grad(op, grad):
     group = op.get_attr("process_set_id")
     reduced = _allreduce(grad, Sum, process_set=group)
     if _group_rank_and_size(group)[0] != op.get_attr("root_rank"):  # the op's attr: the root's index in the group
-        return reduced * 0
-    return reduced
+        return reduced * 0, None
+    return reduced, None
 
 
 @tf.RegisterGradient("MlslAlltoall")
 def _alltoall_grad(op, grad, _received_splits_grad):
     back, _ = alltoall(grad, splits=op.outputs[1], process_set=op.get_attr("process_set_id") or None)
-    return back, None
+    return back, None, None
 
 
 @tf.RegisterGradient("MlslReducescatter")
@@ -286,4 +291,4 @@ def _reducescatter_grad(op, grad):
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     if reduce_op == Average:
         scale /= _group_rank_and_size(group)[1]
-    return out * tf.cast(scale, out.dtype) if scale != 1.0 else out
+    return (out * tf.cast(scale, out.dtype) if scale != 1.0 else out), None

@@ -19,6 +19,7 @@ file system at the same path); on other hosts the ranks still run, but
 """
 
 import dataclasses
+import json
 import os
 import shlex
 import shutil
@@ -127,25 +128,46 @@ def started_ranks(status_dir: str, num_proc: int) -> set[int]:
 
 
 def rank_statuses(status_dir: str, num_proc: int) -> list[task.RankStatus]:
-    """The status files written so far."""
+    """The status files written so far; a rank whose command recorded an uncaught exception
+    but has no status yet (it is still exiting, or its wrapper was killed first) counts as
+    failed from when it raised."""
     out = []
     for r in range(num_proc):
         s = task.read_status(task.status_path(status_dir, r))
+        if s is None:
+            failure = task.read_failure(task.failure_path(status_dir, r))
+            failure_pid = _read_json(task.failure_path(status_dir, r)).get("pid")
+            if failure:
+                start = _read_json(task.start_marker_path(status_dir, r))
+                s = task.RankStatus(rank=r, host=str(start.get("host", "?")), pid=int(failure_pid or start.get("pid", 0)),
+                                    exitcode=1, signal=None, forwarded=None, time=failure["failed_at"], **failure)
         if s is not None:
             out.append(s)
     return out
 
 
+def _read_json(path: str) -> dict:
+    try:
+        with open(path) as f:
+            value = json.load(f)
+        return value if isinstance(value, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
 def first_failure(statuses: Sequence[task.RankStatus]) -> Optional[task.RankStatus]:
     """The failed rank that most likely caused the job to fail (pure).
 
-    Failures of ranks the launcher was stopping (``forwarded`` set) come last;
-    among the rest the earliest, then the lowest rank, wins.
+    Failures of ranks the launcher was stopping (``forwarded`` set) come last,
+    then those that only report another rank's end (``caused_by_peer``); among
+    the rest the earliest (when the exception was raised, else when the rank
+    exited), then the lowest rank, wins.
     """
     failed = [s for s in statuses if s.failed]
     if not failed:
         return None
-    return min(failed, key=lambda s: (s.forwarded is not None, s.time, s.rank))
+    return min(failed, key=lambda s: (s.forwarded is not None, s.caused_by_peer,
+                                      s.time if s.failed_at is None else s.failed_at, s.rank))
 
 
 def format_ranks(ranks: Sequence[int]) -> str:

@@ -41,6 +41,8 @@ RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK"
 # MPICH/Intel MPI hydra, Open MPI, SLURM: this process's rank among the ranks of its host.
 LOCAL_RANK_ENV_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
 COMM_CORE_ENV = "MLSL_TF_COMM_CORE"
+# Where the command's mlsl_tf records an uncaught exception (mlsl_tf/basics.py reads it).
+FAILURE_FILE_ENV = "MLSL_TF_FAILURE_FILE"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
 _TEE_JOIN_S = 10.0  # how long to wait for output still buffered after the command exits
@@ -52,7 +54,11 @@ class RankStatus:
 
     ``forwarded`` is the signal the wrapper received and passed on to the
     command (the launcher was stopping the job), or None: a failure with
-    ``forwarded`` set is a consequence, not the cause.
+    ``forwarded`` set is a consequence, not the cause.  ``failed_at``,
+    ``error`` and ``caused_by_peer`` come from the record mlsl_tf writes when
+    an exception ends the command (FAILURE_FILE_ENV): when the exception was
+    raised, its first line, and whether it only reports that another rank
+    ended first.
     """
 
     rank: int
@@ -62,6 +68,9 @@ class RankStatus:
     signal: Optional[int]
     forwarded: Optional[int]
     time: float
+    failed_at: Optional[float] = None
+    error: Optional[str] = None
+    caused_by_peer: bool = False
 
     @property
     def failed(self) -> bool:
@@ -83,6 +92,8 @@ class RankStatus:
             what += " (sent by the launcher)"
         elif self.forwarded is not None:
             what += f" after the launcher sent it {signal_name(self.forwarded)}"
+        if self.error:
+            what += f": {self.error}"
         return f"{who} {what}"
 
 
@@ -190,6 +201,21 @@ def start_marker_path(status_dir: str, rank: int) -> str:
 
 def status_path(status_dir: str, rank: int) -> str:
     return os.path.join(status_dir, f"status.{rank}.json")
+
+
+def failure_path(status_dir: str, rank: int) -> str:
+    return os.path.join(status_dir, f"failure.{rank}.json")
+
+
+def read_failure(path: str) -> dict:
+    """The fields mlsl_tf's failure record adds to a RankStatus ({} when there is none)."""
+    try:
+        with open(path) as f:
+            record = json.load(f)
+        return {"failed_at": float(record["time"]), "error": str(record.get("error") or "") or None,
+                "caused_by_peer": bool(record.get("caused_by_peer"))}
+    except (OSError, ValueError, TypeError, KeyError):
+        return {}
 
 
 def _write_json_atomically(path: str, data: dict) -> None:
@@ -356,6 +382,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.makedirs(output_dir, exist_ok=True)
     if ns.status_dir is not None:
         _write_start_marker(ns.status_dir, rank, host)
+        os.environ[FAILURE_FILE_ENV] = failure_path(ns.status_dir, rank)
     cpus, warning = affinity_plan(os.environ, _allowed_cpus())
     if warning:
         _warn(f"rank {rank}: {warning}")
@@ -371,11 +398,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, child.forward)
     code = child.wait()
+    failure = read_failure(failure_path(ns.status_dir, rank)) if ns.status_dir is not None and code != 0 else {}
     status = RankStatus(rank=rank, host=host, pid=child.proc.pid,
                         exitcode=code if code >= 0 else None,
                         signal=-code if code < 0 else None,
                         forwarded=child.forwarded,
-                        time=time.time())
+                        time=time.time(), **failure)
     if ns.status_dir is not None:
         _write_status(ns.status_dir, status)
     if status.failed:

@@ -103,6 +103,10 @@ extern "C" int mlsl_tf_local_size(void) { return mlsl::Query([](const Runtime& r
 extern "C" int mlsl_tf_cross_rank(void) { return mlsl::Query([](const Runtime& r) { return r.topology().cross_rank; }); }
 extern "C" int mlsl_tf_cross_size(void) { return mlsl::Query([](const Runtime& r) { return r.topology().cross_size; }); }
 extern "C" int mlsl_tf_mpi_threads_supported(void) { return mlsl::MpiThreadsSupported() ? 1 : 0; }
+extern "C" int mlsl_tf_exit_failing(void) {
+  mlsl::SkipFinalizeAtExit();
+  return 0;
+}
 extern "C" const char* mlsl_tf_last_error(void) { return mlsl::t_last_error.c_str(); }
 
 extern "C" const char* mlsl_tf_stats_json(void) {

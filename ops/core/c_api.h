@@ -24,6 +24,9 @@ int mlsl_tf_local_size(void);
 int mlsl_tf_cross_rank(void);
 int mlsl_tf_cross_size(void);
 int mlsl_tf_mpi_threads_supported(void);
+// The process is exiting with an error: at exit, skip MPI_Finalize (it would wait for the other
+// ranks), so the launcher sees this rank end now and stops the job.
+int mlsl_tf_exit_failing(void);
 const char* mlsl_tf_last_error(void);
 // The runtime's counters as JSON; null (with last_error) before init.
 const char* mlsl_tf_stats_json(void);

@@ -32,6 +32,8 @@ class Communicator {
   virtual int rank() const = 0;
   virtual int size() const = 0;
   virtual Topology topology() const = 0;
+  // The most bytes one call may move per rank (MPI counts are int); callers cut larger ones.
+  virtual int64_t max_message_bytes() const { return INT64_MAX; }
 
   // buf (count elements) becomes the reduction over all ranks of send (in place when send is null).
   virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,

@@ -28,7 +28,6 @@ void Coordinator::Announce(int rank, RequestMeta meta) {
     Pending p;
     p.name = meta.name;
     p.by_rank.resize(size_);
-    p.since = std::chrono::steady_clock::now();
     pending_.push_back(std::move(p));
     it = pending_.end() - 1;
   }
@@ -81,8 +80,12 @@ std::vector<Decision> Coordinator::Resolve(const std::vector<bool>& joined) {
         err = "groups must be created on every rank in the same order with the same ranks, but group creation #" +
               it->name.substr(it->name.rfind('.') + 1) + " differs: " + err;
       }
+      // A grouped allreduce is an allreduce of several tensors: call it by the user's name.
+      bool grouped = false;
+      for (auto& m : it->by_rank) grouped = grouped || (m && m->op == OpType::kAllreduce && m->shapes.size() != 1);
       out.push_back(Decision{Decision::kError, it->name, -1,
-                             std::string("mlsl_tf: ") + OpTypeName(any->op) + " '" + it->name + "': " + err});
+                             std::string("mlsl_tf: ") + (grouped ? "grouped_allreduce" : OpTypeName(any->op)) +
+                                 " '" + ShownName(it->name) + "': " + err});
     } else {
       const RequestMeta* canonical = nullptr;
       for (int r = 0; r < size_ && !canonical; ++r) if (!joined[r] && it->by_rank[r]) canonical = &*it->by_rank[r];
@@ -92,6 +95,7 @@ std::vector<Decision> Coordinator::Resolve(const std::vector<bool>& joined) {
         value = int32_t(metas_.size());
         ids_[it->name] = value;
         metas_.push_back(*canonical);
+        used_.push_back(0);
       } else {
         value = id->second;
         metas_[value] = *canonical;
@@ -103,16 +107,28 @@ std::vector<Decision> Coordinator::Resolve(const std::vector<bool>& joined) {
   return out;
 }
 
-std::vector<std::pair<std::string, std::vector<int>>> Coordinator::Stalled(std::chrono::seconds after) const {
-  std::vector<std::pair<std::string, std::vector<int>>> out;
-  auto now = std::chrono::steady_clock::now();
-  for (const Pending& p : pending_) {
-    if (now - p.since < after) continue;
-    std::vector<int> missing;
-    for (int r : Members(p)) if (!p.by_rank[r]) missing.push_back(r);
-    out.emplace_back(p.name, missing);
+std::vector<int32_t> Coordinator::Retire(size_t keep) {
+  const int32_t n = num_ids();
+  std::vector<int32_t> order(n);
+  for (int32_t i = 0; i < n; ++i) order[i] = i;
+  // Most recently used first; among equals the newer id first. Same inputs on every rank.
+  std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return used_[a] != used_[b] ? used_[a] > used_[b] : a > b; });
+  std::vector<bool> survives(n, false);
+  for (size_t i = 0; i < keep && i < order.size(); ++i) survives[order[i]] = true;
+  std::vector<int32_t> remap(n, -1);
+  std::vector<RequestMeta> metas;
+  std::vector<uint64_t> used;
+  ids_.clear();
+  for (int32_t id = 0; id < n; ++id) {
+    if (!survives[id]) continue;
+    remap[id] = int32_t(metas.size());
+    ids_[metas_[id].name] = remap[id];
+    metas.push_back(std::move(metas_[id]));
+    used.push_back(used_[id]);
   }
-  return out;
+  metas_.swap(metas);
+  used_.swap(used);
+  return remap;
 }
 
 }  // namespace mlsl

@@ -37,17 +37,21 @@ class Coordinator {
   // Decides every name that all ranks not in `joined` have announced, in announcement order.
   std::vector<Decision> Resolve(const std::vector<bool>& joined);
 
-  // Names some but not all ranks announced more than `after` ago: (name, missing ranks).
-  std::vector<std::pair<std::string, std::vector<int>>> Stalled(std::chrono::seconds after) const;
-
   const RequestMeta& meta(int32_t id) const { return metas_[id]; }
   int32_t num_ids() const { return int32_t(metas_.size()); }
+
+  // Notes that id ran (was agreed or ready everywhere) in control cycle `cycle`.
+  void Touch(int32_t id, uint64_t cycle) { used_[id] = cycle; }
+  // Forgets every id but the `keep` most recently touched and renumbers the survivors
+  // 0..keep-1 in their old order. Only safe when no rank holds a request under any id (all
+  // idle): every rank calls it in the same cycle, so ids stay identical everywhere. Returns
+  // old id -> new id, -1 for a forgotten one.
+  std::vector<int32_t> Retire(size_t keep);
 
  private:
   struct Pending {
     std::string name;
     std::vector<std::optional<RequestMeta>> by_rank;
-    std::chrono::steady_clock::time_point since;
     bool invalidated = false;
   };
   std::string Mismatch(const Pending& p, const std::vector<bool>& joined) const;
@@ -58,6 +62,7 @@ class Coordinator {
   std::vector<Pending> pending_;           // in order of first announcement
   std::map<std::string, int32_t> ids_;     // every name that was ever agreed
   std::vector<RequestMeta> metas_;         // by id: the metadata last agreed
+  std::vector<uint64_t> used_;             // by id: the cycle it last ran in
   std::vector<Decision> early_;            // invalidations produced by Announce
   std::vector<std::vector<int>> groups_;   // by group id: member ranks
 };

@@ -1,5 +1,6 @@
 #include "executor.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "reduce.h"
@@ -73,7 +74,7 @@ Status Executor::Allgather(const RequestMeta& m, Request* r) {
 
 Status Executor::Broadcast(const RequestMeta& m, Request* r, const std::vector<bool>& joined) {
   if (joined[m.root]) {
-    return Status::InvalidArgument("mlsl_tf: broadcast '" + m.name + "': root rank " + std::to_string(m.root) +
+    return Status::InvalidArgument("mlsl_tf: broadcast '" + ShownName(m.name) + "': root rank " + std::to_string(m.root) +
                                    " has already joined");
   }
   const int64_t bytes = NumElements(m.shapes[0]) * DataTypeSize(m.dtype);
@@ -86,8 +87,14 @@ Status Executor::Broadcast(const RequestMeta& m, Request* r, const std::vector<b
     scratch_.resize(bytes);
     out = scratch_.data();
   }
-  auto op = comm_->Broadcast(out, bytes, m.root);
-  return Wait(op.get());
+  // In pieces the communicator can carry (MPI: int counts), one after the other.
+  const int64_t piece = comm_->max_message_bytes();
+  for (int64_t at = 0; at < bytes || (at == 0 && bytes == 0); at += piece) {
+    auto op = comm_->Broadcast(static_cast<char*>(out) + at, std::min(piece, bytes - at), m.root);
+    Status s = Wait(op.get());
+    if (!s.ok() || bytes == 0) return s;
+  }
+  return Status::Ok();
 }
 
 Status Executor::Alltoall(const RequestMeta& m, Request* r) {

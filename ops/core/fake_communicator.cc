@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <stdexcept>
+#include <string>
 
 #include "reduce.h"
 
@@ -9,6 +10,18 @@ namespace mlsl {
 namespace {
 
 enum Kind { kAllreduce = 1, kControl, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier, kSplit };
+
+class FailedPending : public PendingOp {
+ public:
+  explicit FailedPending(std::string why) : why_(std::move(why)) {}
+  Status Test(bool* done) override {
+    *done = true;
+    return Status::Internal(why_);
+  }
+
+ private:
+  std::string why_;
+};
 
 class FakePending : public PendingOp {
  public:
@@ -157,6 +170,7 @@ std::unique_ptr<PendingOp> FakeCommunicator::Allgatherv(const void* send, void* 
 }
 
 std::unique_ptr<PendingOp> FakeCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
+  if (bytes > world_->max_message_bytes) return std::make_unique<FailedPending>("broadcast: message too large");
   FakeWorld::Part p;
   p.kind = kBroadcast; p.buf = buf; p.count = bytes; p.root = root;
   return Start(std::move(p));

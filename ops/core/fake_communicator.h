@@ -18,6 +18,8 @@ class FakeWorld {
  public:
   explicit FakeWorld(int size) : size_(size) {}
   int size() const { return size_; }
+  // Messages larger than this fail (as MPI's int counts would): tests of cutting them.
+  int64_t max_message_bytes = INT64_MAX;
 
   // What one rank brings to a collective.
   struct Part {
@@ -59,6 +61,7 @@ class FakeCommunicator : public Communicator {
   std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override;
   std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
   std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;
+  int64_t max_message_bytes() const override { return world_->max_message_bytes; }
   std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                                        const std::vector<int64_t>& recv_bytes) override;
   std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,

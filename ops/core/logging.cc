@@ -7,7 +7,7 @@
 
 namespace mlsl {
 namespace {
-std::atomic<int> g_rank{-1};
+thread_local int t_rank = -1;  // set by each runtime's background thread
 
 LogLevel Threshold() {
   static const LogLevel level = [] {
@@ -21,13 +21,13 @@ LogLevel Threshold() {
 }
 }  // namespace
 
-void SetLogRank(int rank) { g_rank = rank; }
+void SetLogRank(int rank) { t_rank = rank; }
 bool LogEnabled(LogLevel level) { return level >= Threshold(); }
 
 void Log(LogLevel level, const std::string& message) {
   if (!LogEnabled(level)) return;
   static const char* names[] = {"DEBUG", "INFO", "WARNING", "ERROR"};
-  std::fprintf(stderr, "[mlsl_tf %s rank %d] %s\n", names[int(level)], g_rank.load(), message.c_str());
+  std::fprintf(stderr, "[mlsl_tf %s rank %d] %s\n", names[int(level)], t_rank, message.c_str());
 }
 
 }  // namespace mlsl

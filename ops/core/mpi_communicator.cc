@@ -3,6 +3,7 @@
 #include <mpi.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string>
@@ -15,8 +16,10 @@ namespace {
 
 std::once_flag g_finalize_once;
 int g_thread_level = MPI_THREAD_SINGLE;
+std::atomic<bool> g_skip_finalize{false};
 
 void FinalizeAtExit() {
+  if (g_skip_finalize.load()) return;
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (!finalized) MPI_Finalize();
@@ -150,6 +153,7 @@ class MpiCommunicator : public Communicator {
   int rank() const override { return rank_; }
   int size() const override { return size_; }
   Topology topology() const override { return topo_; }
+  int64_t max_message_bytes() const override { return int64_t(1) << 30; }
 
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                        const void* send) override {
@@ -258,6 +262,8 @@ Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
   *out = std::make_unique<MpiCommunicator>(comm);
   return Status::Ok();
 }
+
+void SkipFinalizeAtExit() { g_skip_finalize.store(true); }
 
 bool MpiThreadsSupported() {
   int initialised = 0;

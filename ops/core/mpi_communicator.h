@@ -16,5 +16,8 @@ Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out);
 
 // Whether MPI has been initialised with MPI_THREAD_MULTIPLE (Horovod's mpi_threads_supported).
 bool MpiThreadsSupported();
+// The process is exiting after a failure: skip MPI_Finalize at exit, which in MPICH waits for
+// every other rank to finalize too (a failed rank would linger until its peers finish).
+void SkipFinalizeAtExit();
 
 }  // namespace mlsl

@@ -2,13 +2,15 @@
 
 #include <utility>
 
+#include "types.h"
+
 namespace mlsl {
 
 Status Results::Park(const std::string& name, Payload payload) {
   std::lock_guard<std::mutex> lock(mu_);
   auto [it, inserted] = entries_.try_emplace(name);
   if (!inserted) {
-    return Status::FailedPrecondition("collective '" + name +
+    return Status::FailedPrecondition("collective '" + ShownName(name) +
                                       "' was started again before its previous result was taken");
   }
   it->second.payload = std::move(payload);

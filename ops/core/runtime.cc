@@ -2,6 +2,9 @@
 
 #include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
@@ -31,6 +34,9 @@ std::string RankList(const std::vector<int>& ranks) {
 
 constexpr uint64_t kNobodyAnnounces = 1;  // flags word, bit 0 (inverted OR)
 constexpr uint64_t kNobodyBusy = 2;       // flags word, bit 1: no rank has transfers queued or in flight
+constexpr uint64_t kNobodyStalled = 4;    // bit 2: no rank has a request due for a stall warning
+constexpr uint64_t kNobodyPastLimit = 8;  // bit 3: no rank has waited past MLSL_TF_STALL_SHUTDOWN_SECONDS
+constexpr uint64_t kNobodyWaits = 16;     // bit 4: no rank has a request or a join pending
 
 SchedulerOptions OptionsFromSettings() {
   SchedulerOptions o;
@@ -117,6 +123,8 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       topology_(comm_->topology()),
       heartbeat_(SettingInt("MLSL_TF_HEARTBEAT_MS")),
       stall_warning_(SettingInt("MLSL_TF_STALL_WARNING_SECONDS")),
+      stall_shutdown_(SettingInt("MLSL_TF_STALL_SHUTDOWN_SECONDS")),
+      cache_capacity_(size_t(SettingInt("MLSL_TF_CACHE_CAPACITY"))),
       spin_(SettingInt("MLSL_TF_SPIN_US")),
       timeline_(SettingString("MLSL_TF_TIMELINE"), rank_),
       options_(OptionsFromSettings()),
@@ -124,7 +132,6 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       groups_(WorldGroup(comm_.get(), rank_, &timeline_, &stats_, options_)),
       coordinator_(size_),
       joined_before_(size_, false),
-      last_stall_check_(std::chrono::steady_clock::now()),
       results_([this] {
         auto r = std::make_shared<Results>();
         r->Record(timeline_.enabled());
@@ -146,7 +153,7 @@ void Runtime::Submit(std::unique_ptr<Request> request) {
     }
   }
   if (!refused.empty()) {
-    request->done(Status::Aborted(refused + " (collective '" + request->name + "' was not run)"));
+    request->done(Status::Aborted(refused + " (collective '" + ShownName(request->name) + "' was not run)"));
     return;
   }
   cv_.notify_one();
@@ -177,8 +184,24 @@ void Runtime::PinToCommCore() {
   }
 }
 
+void Runtime::RaisePriority() {
+  // Linux nice values are per thread. Woken by the network, this thread must run before the
+  // socket buffers drain, not after a compute thread's time slice; it sleeps most of the time,
+  // so it takes little from the computation. Lowering nice needs CAP_SYS_NICE (or a
+  // RLIMIT_NICE): without it the thread keeps the default, which is no error.
+  const int64_t nice = SettingInt("MLSL_TF_COMM_NICE");
+  if (nice == 0) return;
+  const pid_t tid = pid_t(syscall(SYS_gettid));
+  if (setpriority(PRIO_PROCESS, id_t(tid), int(nice)) != 0) {
+    Log(LogLevel::kInfo, "background thread keeps its priority (MLSL_TF_COMM_NICE=" + std::to_string(nice) +
+                             " not permitted)");
+  }
+}
+
 void Runtime::Loop() {
+  SetLogRank(rank_);
   PinToCommCore();
+  RaisePriority();
   {
     // The control message gets its own communicator: MPI runs the collectives of one
     // communicator in order, so on the data communicator it would wait behind every chunk.
@@ -223,7 +246,6 @@ void Runtime::Loop() {
     if (!Cycle(&progress)) return;
     idle = progress ? 0 : idle + 1;
     if (progress) last_progress_ = std::chrono::steady_clock::now();
-    if (rank_ == 0 && stall_warning_.count() > 0) WarnStalls();
     if (timeline_.enabled()) {
       for (const Results::Event& e : results_->Drain()) timeline_.Instant(e.name, e.kind, "framework", e.at);
     }
@@ -231,7 +253,7 @@ void Runtime::Loop() {
 }
 
 std::string Runtime::GroupError(const Request& r) const {
-  std::string what = std::string(OpTypeName(r.op)) + " '" + r.name + "'";
+  std::string what = std::string(OpTypeName(r.op)) + " '" + ShownName(r.name) + "'";
   if ((r.op == OpType::kAddGroup || r.op == OpType::kRemoveGroup) && r.group != 0) {
     return "mlsl_tf: " + what + " is collective over every rank; it cannot run in group " + std::to_string(r.group);
   }
@@ -264,7 +286,7 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
   // Names are per group: the same program runs in every group (e.g. a model-parallel layer).
   if (r->group != 0) r->name += " (group " + std::to_string(r->group) + ")";
   if (pending_.count(r->name)) {
-    r->done(Status::InvalidArgument("mlsl_tf: a collective named '" + r->name + "' is already pending on rank " +
+    r->done(Status::InvalidArgument("mlsl_tf: a collective named '" + ShownName(r->name) + "' is already pending on rank " +
                                     std::to_string(rank_) + "; concurrent collectives need distinct names"));
     return;
   }
@@ -294,7 +316,7 @@ bool Runtime::Cycle(bool* progress) {
   bool stopping;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    incoming.swap(incoming_);
+    if (!drain_) incoming.swap(incoming_);  // draining: new requests wait a few cycles
     stopping = stop_requested_;
   }
   const uint64_t events_before = UnitEvents();
@@ -313,6 +335,11 @@ bool Runtime::Cycle(bool* progress) {
   if (join_) ClearBit(bits, joined_at, rank_);  // a joined rank is ready for everything
   if (stopping) ClearBit(bits, shut_at, rank_);
   if (!AllIdle()) bits[flags_at] &= ~kNobodyBusy;
+  if (!pending_.empty() || join_) bits[flags_at] &= ~kNobodyWaits;
+  bool stall_warn = false, stall_shut = false;
+  StallFlags(&stall_warn, &stall_shut);
+  if (stall_warn) bits[flags_at] &= ~kNobodyStalled;
+  if (stall_shut) bits[flags_at] &= ~kNobodyPastLimit;
   if (!join_) {
     std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
     // Collectives of groups this rank is not in never wait for it.
@@ -351,6 +378,9 @@ bool Runtime::Cycle(bool* progress) {
     Close("mlsl_tf has been shut down on rank " + std::to_string(rank_));
     return false;
   }
+  if (!(bits[flags_at] & kNobodyStalled) || !(bits[flags_at] & kNobodyPastLimit)) {
+    if (!ReportStalls(!(bits[flags_at] & kNobodyPastLimit))) return false;
+  }
 
   std::vector<bool> joined(size_);
   bool all_joined = true;
@@ -370,6 +400,7 @@ bool Runtime::Cycle(bool* progress) {
   const bool nobody_announced = bits[flags_at] & kNobodyAnnounces;
   if (!nobody_announced) {
     if (!Negotiate(joined, &agreed)) return false;
+    stats_.NamesKnown(coordinator_.num_ids());
     *progress = true;
   }
   if (!all_joined) {
@@ -378,7 +409,9 @@ bool Runtime::Cycle(bool* progress) {
     }
   }
   std::sort(agreed.begin(), agreed.end());
+  ++cycle_;
   for (int32_t id : agreed) {
+    coordinator_.Touch(id, cycle_);
     const RequestMeta& meta = coordinator_.meta(id);
     auto it = pending_.find(meta.name);
     Request* mine = nullptr;
@@ -414,6 +447,24 @@ bool Runtime::Cycle(bool* progress) {
       while (!group.scheduler->idle() && std::chrono::steady_clock::now() < until) group.scheduler->Progress();
     }
   }
+  // Names are forgotten only when nothing anywhere refers to an id: no request waits or runs on
+  // any rank and nothing was announced -- facts of the control message, so every rank forgets
+  // the same names in the same cycle and the ids stay identical.
+  // A program that keeps making names is rarely quiet between two of its requests, so when
+  // there are too many names every rank holds back new requests for up to 4 cycles (at most
+  // every 16 cycles) to let the requests already pending finish.
+  const uint64_t quiet = kNobodyBusy | kNobodyWaits | kNobodyAnnounces;
+  const bool too_many = size_t(coordinator_.num_ids()) > cache_capacity_;
+  if (too_many && (bits[flags_at] & quiet) == quiet) {
+    ForgetNames();
+    drain_ = false;
+  } else if (too_many && cycle_ >= next_drain_) {
+    drain_ = true;  // for a few cycles: ranks finish the same collective a cycle or two apart
+    next_drain_ = cycle_ + 16;
+    drain_until_ = cycle_ + 4;
+  } else if (cycle_ >= drain_until_) {
+    drain_ = false;
+  }
   // Join completes in the same cycle everywhere: all joined, nothing in flight anywhere and
   // nothing new -- all three facts come from the control message, so every rank sees them.
   if (all_joined && nobody_announced && (bits[flags_at] & kNobodyBusy)) {
@@ -423,6 +474,22 @@ bool Runtime::Cycle(bool* progress) {
   }
   *progress = *progress || UnitEvents() != events_before;
   return true;
+}
+
+void Runtime::ForgetNames() {
+  const std::vector<int32_t> remap = coordinator_.Retire(cache_capacity_ / 2);
+  std::unordered_map<std::string, int32_t> cached;
+  for (const auto& [name, id] : cached_ids_) {
+    if (id < int32_t(remap.size()) && remap[id] >= 0) cached[name] = remap[id];
+  }
+  cached_ids_.swap(cached);
+  std::vector<uint64_t> foreign(Words(coordinator_.num_ids()), 0);
+  for (int32_t old = 0; old < int32_t(remap.size()); ++old) {
+    if (remap[old] >= 0 && Foreign(old)) SetBit(foreign, 0, remap[old]);
+  }
+  foreign_.swap(foreign);
+  stats_.NamesForgotten(int64_t(std::count(remap.begin(), remap.end(), -1)));
+  stats_.NamesKnown(coordinator_.num_ids());
 }
 
 void Runtime::ChangeGroups(const RequestMeta& meta, Request* mine) {
@@ -569,20 +636,105 @@ void Runtime::Close(const std::string& reason) {
   pending_.clear();
   if (join_) failed.push_back(std::move(join_));
   for (auto& r : failed) {
-    std::string what = r->op == OpType::kJoin ? "join" : "collective '" + r->name + "'";
+    std::string what = r->op == OpType::kJoin ? "join" : "collective '" + ShownName(r->name) + "'";
     r->done(Status::Aborted(reason + " (" + what + " did not complete)"));
   }
 }
 
-void Runtime::WarnStalls() {
-  auto now = std::chrono::steady_clock::now();
-  if (now - last_stall_check_ < stall_warning_) return;
-  last_stall_check_ = now;
-  for (auto& [name, missing] : coordinator_.Stalled(stall_warning_)) {
-    Log(LogLevel::kWarning, "collective '" + name + "' has waited more than " +
-                                std::to_string(stall_warning_.count()) + " s for rank(s) " + RankList(missing) +
-                                " to submit it");
+void Runtime::StallFlags(bool* warn, bool* shut) const {
+  if (stall_warning_.count() == 0 && stall_shutdown_.count() == 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  for (const auto& [name, l] : pending_) {
+    if (l.state == Local::kScheduled) continue;  // agreed: moving, not waiting for ranks
+    const auto waited = now - l.submitted;
+    if (stall_warning_.count() > 0 && waited >= stall_warning_ && now - l.warned >= stall_warning_) *warn = true;
+    if (stall_shutdown_.count() > 0 && waited >= stall_shutdown_) *shut = true;
   }
+}
+
+bool Runtime::ReportStalls(bool shut) {
+  // One line per waiting request: "group<TAB>seconds<TAB>name".
+  const auto now = std::chrono::steady_clock::now();
+  std::string payload;
+  for (const auto& [name, l] : pending_) {
+    if (l.state == Local::kScheduled) continue;
+    payload += std::to_string(l.meta.group) + "\t" +
+               std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - l.submitted).count()) + "\t" +
+               name + "\n";
+  }
+  std::vector<int64_t> sizes(size_, 0);
+  int64_t my_size = int64_t(payload.size());
+  auto op = comm_->Allgatherv(&my_size, sizes.data(), std::vector<int64_t>(size_, 8));
+  Status s = Wait(op.get());
+  int64_t total = 0;
+  for (int64_t v : sizes) total += v;
+  std::string all(s.ok() ? total : 0, '\0');
+  if (s.ok()) {
+    op = comm_->Allgatherv(payload.data(), all.data(), sizes);
+    s = Wait(op.get());
+  }
+  if (!s.ok()) {
+    Close("mlsl_tf: the stall report failed: " + s.message());
+    return false;
+  }
+  struct Waiting {
+    int group;
+    long seconds;
+    std::string name;
+  };
+  std::vector<std::vector<Waiting>> by_rank(size_);
+  int64_t offset = 0;
+  for (int r = 0; r < size_; ++r) {
+    std::string text = all.substr(offset, sizes[r]);
+    offset += sizes[r];
+    size_t pos = 0;
+    while (pos < text.size()) {
+      size_t end = text.find('\n', pos), t1 = text.find('\t', pos), t2 = text.find('\t', t1 + 1);
+      if (end == std::string::npos || t1 > end || t2 > end) break;
+      by_rank[r].push_back({std::atoi(text.substr(pos, t1 - pos).c_str()),
+                            std::atol(text.substr(t1 + 1, t2 - t1 - 1).c_str()), text.substr(t2 + 1, end - t2 - 1)});
+      pos = end + 1;
+    }
+  }
+  auto waits_for = [&](int r, size_t most) {
+    std::string out;
+    for (size_t i = 0; i < by_rank[r].size() && i < most; ++i) {
+      out += std::string(i ? ", " : "") + "'" + ShownName(by_rank[r][i].name) + "' (" +
+             std::to_string(by_rank[r][i].seconds) + " s)";
+    }
+    if (by_rank[r].size() > most) out += " and " + std::to_string(by_rank[r].size() - most) + " more";
+    return out.empty() ? std::string("nothing (it has not submitted them)") : out;
+  };
+  if (shut) {
+    std::string what;
+    for (int r = 0; r < size_; ++r) what += "; rank " + std::to_string(r) + " waits for " + waits_for(r, 4);
+    Close("mlsl_tf: collectives stalled for more than " + std::to_string(stall_shutdown_.count()) +
+          " s (MLSL_TF_STALL_SHUTDOWN_SECONDS), so every pending one fails" + what);
+    return false;
+  }
+  for (auto& [name, l] : pending_) {
+    if (l.state == Local::kScheduled || now - l.submitted < stall_warning_ || now - l.warned < stall_warning_) continue;
+    l.warned = now;
+    const int group = l.meta.group;
+    std::vector<int> members;
+    if (group >= 0 && group < int(groups_.size())) members = groups_[group]->ranks;
+    std::vector<int> missing;
+    std::string elsewhere;
+    for (int r : members) {
+      bool has = false;
+      for (const Waiting& w : by_rank[r]) has = has || (w.group == group && w.name == name);
+      if (has) continue;
+      missing.push_back(r);
+      if (!by_rank[r].empty()) elsewhere += "; rank " + std::to_string(r) + " waits for " + waits_for(r, 3);
+    }
+    Log(LogLevel::kWarning,
+        std::string(OpTypeName(l.meta.op)) + " '" + ShownName(name) + "' has waited " +
+            std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - l.submitted).count()) +
+            " s on rank " + std::to_string(rank_) + (missing.empty() ? std::string(" to be agreed")
+                                                      : " for rank(s) " + RankList(missing) + " to submit it") +
+            elsewhere + " (MLSL_TF_STALL_WARNING_SECONDS=" + std::to_string(stall_warning_.count()) + ")");
+  }
+  return true;
 }
 
 }  // namespace mlsl

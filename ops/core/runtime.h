@@ -92,6 +92,7 @@ class Runtime {
     enum State { kToAnnounce, kAnnounced, kReady, kScheduled } state = kToAnnounce;
     int32_t id = -1;
     std::chrono::steady_clock::time_point submitted;
+    std::chrono::steady_clock::time_point warned{};  // last stall warning about it
   };
 
   static std::vector<std::unique_ptr<Group>> WorldGroup(Communicator* comm, int rank, Timeline* timeline,
@@ -110,22 +111,34 @@ class Runtime {
   bool AllIdle() const;
   // The sleep between tests of the transfers in flight: the shortest any busy group allows.
   std::chrono::microseconds PollInterval() const;
+  // Forgets the least recently used collective names beyond MLSL_TF_CACHE_CAPACITY / 2.
+  void ForgetNames();
   // Runs an agreed add_group / remove_group (every rank, same cycle, same order).
   void ChangeGroups(const RequestMeta& meta, Request* mine);
   bool Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
   void PinToCommCore();
+  void RaisePriority();  // MLSL_TF_COMM_NICE
   void Finish(const std::string& name, const Status& s);
   void FinishJoin(int last_rank);
   // Refuses future submissions with `reason` and fails everything pending with it.
   void Close(const std::string& reason);
-  void WarnStalls();
+  // Whether this rank has a request due for a stall warning / past the stall shutdown time.
+  void StallFlags(bool* warn, bool* shut) const;
+  // Every rank's waiting requests gathered (all ranks call it in the same cycle): warns about
+  // this rank's due ones, naming the ranks that have not submitted them, or, with `shut`,
+  // closes the runtime everywhere with what each rank waits for. False when closed.
+  bool ReportStalls(bool shut);
 
   std::unique_ptr<Communicator> comm_;
   std::unique_ptr<Communicator> control_comm_;  // a duplicate of comm_ for the control message
   const int rank_, size_;
   const Topology topology_;
   const std::chrono::milliseconds heartbeat_;
-  const std::chrono::seconds stall_warning_;
+  const std::chrono::seconds stall_warning_, stall_shutdown_;
+  const size_t cache_capacity_;
+  uint64_t cycle_ = 0;  // control cycles so far: the same count on every rank
+  bool drain_ = false;   // this cycle takes no new requests (to forget names when all is quiet)
+  uint64_t next_drain_ = 0, drain_until_ = 0;
   const std::chrono::microseconds spin_;  // MLSL_TF_SPIN_US
   std::chrono::steady_clock::time_point last_progress_;
 
@@ -150,7 +163,6 @@ class Runtime {
   std::unique_ptr<Request> join_;
   std::vector<bool> joined_before_;
   int last_joined_ = -1;
-  std::chrono::steady_clock::time_point last_stall_check_;
 
   std::atomic<int> group_changes_{0};
   const std::shared_ptr<Results> results_;  // records start/take events when timeline_ is enabled

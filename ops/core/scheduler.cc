@@ -191,13 +191,17 @@ void Scheduler::StartChunk(Work* w) {
   unit->chunk = w->chunks++;
   unit->start = Clock::now();
   // Each in-flight slot has its own communicator (see Slot).
-  Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
+  const int slot_index = int(unit->seq % uint64_t(options_.inflight));
+  Communicator* slot = Slot(slot_index);
   if (compressed) {
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
     const float* in = w->src ? reinterpret_cast<const float*>(w->src) + w->next : data;
     float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
     float* res_out = w->res_out.empty() ? nullptr : w->res_out.data() + w->next;
-    unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op, res_in, res_out) : nullptr;
+    // The slot's previous unit has completed (the window never lets more than `inflight` run).
+    unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op,
+                                         &wire_scratch_[slot_index], res_in, res_out)
+                    : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
     unit->op = slot ? slot->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op,
@@ -211,7 +215,10 @@ void Scheduler::StartChunk(Work* w) {
 }
 
 Communicator* Scheduler::Slot(int i) {
-  if (slots_.empty()) slots_.resize(options_.inflight);
+  if (slots_.empty()) {
+    slots_.resize(options_.inflight);
+    wire_scratch_.resize(options_.inflight);
+  }
   if (!slots_[i]) {
     std::vector<int> everyone(comm_->size());
     for (int r = 0; r < comm_->size(); ++r) everyone[r] = r;

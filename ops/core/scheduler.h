@@ -28,6 +28,7 @@
 #include "request.h"
 #include "stats.h"
 #include "timeline.h"
+#include "wire.h"
 
 namespace mlsl {
 
@@ -88,6 +89,9 @@ class Scheduler {
   Stats* stats_;
   const SchedulerOptions options_;
 
+  // Per in-flight slot, the buffers of its compressed chunks; sized once, before any unit
+  // starts, and declared first so that it outlives the units that point into it.
+  std::vector<WireScratch> wire_scratch_;
   std::vector<std::unique_ptr<Work>> queue_;   // not fully started, in scheduling order
   std::vector<std::unique_ptr<Work>> active_;  // fully started, units still in flight
   std::vector<std::unique_ptr<Unit>> inflight_;

@@ -19,7 +19,12 @@ const std::vector<SettingInfo>& AllSettings() {
        "after finishing work the background thread polls this long for the next request before sleeping",
        T::kInt, 0, 1000000},
       {"MLSL_TF_STALL_WARNING_SECONDS", "60",
-       "warn when a collective has been submitted by some ranks but not others for this long (0 = never)",
+       "warn when a collective submitted on this rank has waited this long for other ranks, naming them, and "
+       "again every this many seconds (0 = never)",
+       T::kInt, 0, 31536000},
+      {"MLSL_TF_STALL_SHUTDOWN_SECONDS", "0",
+       "when a collective has waited this long for other ranks, fail every pending collective on every rank "
+       "with what each rank waits for (0 = never)",
        T::kInt, 0, 31536000},
       {"MLSL_TF_CHUNK_BYTES", "1048576",
        "allreduces larger than this are cut into chunks of this size; the scheduler re-picks between chunks",
@@ -28,6 +33,10 @@ const std::vector<SettingInfo>& AllSettings() {
       {"MLSL_TF_FUSION_THRESHOLD", "1048576",
        "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",
        T::kBytes, 0, int64_t(1) << 31},
+      {"MLSL_TF_CACHE_CAPACITY", "4096",
+       "collective names whose agreement is remembered (a remembered name needs no negotiation); when there are "
+       "more and every rank is idle, the least recently used are forgotten",
+       T::kInt, 16, 1 << 24},
       {"MLSL_TF_PRIORITY", "priority",
        "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served",
        T::kChoice, 0, 0, "priority|fifo"},
@@ -36,6 +45,10 @@ const std::vector<SettingInfo>& AllSettings() {
        T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none"},
       {"MLSL_TF_COMM_CORE", "",
        "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kCores},
+      {"MLSL_TF_COMM_NICE", "0",
+       "nice value of the background thread (negative: it preempts compute threads when the network wakes it; "
+       "needs the permission to lower nice, else ignored)",
+       T::kInt, -20, 19},
       {"MLSL_TF_TIMELINE", "", "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank)"},
       {"MLSL_TF_INTER_OP_THREADS", "auto",
        "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "

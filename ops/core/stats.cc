@@ -9,7 +9,8 @@ std::string Stats::Json() const {
   std::ostringstream os;
   os << "{\"submitted\": " << submitted_ << ", \"requests\": " << requests_ << ", \"bytes_sent\": " << bytes_ << ", \"chunks\": " << chunks_
      << ", \"in_place\": " << in_place_ << ", \"preemptions\": " << preemptions_ << ", \"fused_buffers\": " << fused_buffers_
-     << ", \"fused_tensors\": " << fused_tensors_ << ", \"wait_by_priority\": {";
+     << ", \"fused_tensors\": " << fused_tensors_ << ", \"names_known\": " << names_known_
+     << ", \"names_forgotten\": " << names_forgotten_ << ", \"wait_by_priority\": {";
   bool first = true;
   for (const auto& [priority, w] : waits_) {
     os << (first ? "" : ", ") << "\"" << priority << "\": {\"count\": " << w.first << ", \"total_s\": " << w.second

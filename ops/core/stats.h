@@ -18,6 +18,9 @@ class Stats {
   void InPlace() { std::lock_guard<std::mutex> l(mu_); ++in_place_; }
   void Preemption() { std::lock_guard<std::mutex> l(mu_); ++preemptions_; }
   void Fused(int parts) { std::lock_guard<std::mutex> l(mu_); ++fused_buffers_; fused_tensors_ += parts; }
+  // Collective names whose agreement is remembered now, and names forgotten so far.
+  void NamesKnown(int64_t n) { std::lock_guard<std::mutex> l(mu_); names_known_ = n; }
+  void NamesForgotten(int64_t n) { std::lock_guard<std::mutex> l(mu_); names_forgotten_ += n; }
   void Wait(int priority, double seconds) {
     std::lock_guard<std::mutex> l(mu_);
     auto& w = waits_[priority];
@@ -29,6 +32,7 @@ class Stats {
  private:
   mutable std::mutex mu_;
   int64_t submitted_ = 0, requests_ = 0, chunks_ = 0, bytes_ = 0, preemptions_ = 0, fused_buffers_ = 0, fused_tensors_ = 0;
+  int64_t names_known_ = 0, names_forgotten_ = 0;
   int64_t in_place_ = 0;  // allreduces whose output is their input's buffer (TF forwarded it)
   std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
 };

@@ -54,6 +54,12 @@ const char* OpTypeName(OpType op) {
   return "?";
 }
 
+std::string ShownName(const std::string& name) {
+  if (name.size() <= kMaxShownName) return name;
+  const size_t head = kMaxShownName * 2 / 3, tail = kMaxShownName - head - 3;
+  return name.substr(0, head) + "..." + name.substr(name.size() - tail);
+}
+
 bool IsFloating(DataType t) {
   return t == DataType::kFloat16 || t == DataType::kBfloat16 || t == DataType::kFloat32 ||
          t == DataType::kFloat64;

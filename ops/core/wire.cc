@@ -28,16 +28,18 @@ std::vector<int64_t> Slices(int64_t n, int p) {
 }
 
 // Rounds in (+ residual) to the wire; the residual becomes what the rounding lost.
-void EncodeWithFeedback(DataType wire, const float* in, float* residual, void* out, int64_t n) {
+void EncodeWithFeedback(DataType wire, const float* in, float* residual, void* out, int64_t n, WireScratch* s) {
   if (!residual) {
     EncodeWire(wire, in, out, n);
     return;
   }
-  std::vector<float> corrected(n), back(n);
+  s->corrected.resize(n);
+  s->back.resize(n);
+  float* corrected = s->corrected.data();
   for (int64_t i = 0; i < n; ++i) corrected[i] = in[i] + residual[i];
-  EncodeWire(wire, corrected.data(), out, n);
-  DecodeWire(wire, out, back.data(), n);
-  for (int64_t i = 0; i < n; ++i) residual[i] = corrected[i] - back[i];
+  EncodeWire(wire, corrected, out, n);
+  DecodeWire(wire, out, s->back.data(), n);
+  for (int64_t i = 0; i < n; ++i) residual[i] = corrected[i] - s->back[i];
 }
 
 std::vector<int64_t> Scaled(const std::vector<int64_t>& v, int64_t k) {
@@ -51,28 +53,28 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& v, int64_t k) {
 class SliceReduce {
  public:
   SliceReduce(Communicator* comm, const float* in, std::vector<int64_t> counts, DataType wire, ReduceOp op,
-              float* res_in = nullptr)
-      : comm_(comm), counts_(std::move(counts)), wire_(wire), op_(op), esize_(WireElementSize(wire)) {
+              WireScratch* scratch, float* res_in = nullptr)
+      : comm_(comm), counts_(std::move(counts)), wire_(wire), op_(op), esize_(WireElementSize(wire)), s_(scratch) {
     int64_t n = 0;
     for (int64_t c : counts_) n += c;
     const int p = comm_->size();
     const int64_t mine = counts_[comm_->rank()];
-    encoded_.resize(n * esize_);
-    EncodeWithFeedback(wire_, in, res_in, encoded_.data(), n);
-    received_.resize(p * mine * esize_);
-    op_step_ = comm_->Alltoallv(encoded_.data(), Scaled(counts_, esize_), received_.data(),
+    s_->encoded.resize(n * esize_);
+    EncodeWithFeedback(wire_, in, res_in, s_->encoded.data(), n, s_);
+    s_->received.resize(p * mine * esize_);
+    op_step_ = comm_->Alltoallv(s_->encoded.data(), Scaled(counts_, esize_), s_->received.data(),
                                 std::vector<int64_t>(p, mine * int64_t(esize_)));
   }
   Status Test(bool* done) { return op_step_->Test(done); }
   // After Test reported done: acc (counts[rank] elements) = the float32 reduction, in rank order.
   void Reduce(float* acc) {
     const int64_t mine = counts_[comm_->rank()];
-    DecodeWire(wire_, received_.data(), acc, mine);
+    DecodeWire(wire_, s_->received.data(), acc, mine);
     for (int r = 1; r < comm_->size(); ++r) {
-      ReduceWireInto(wire_, received_.data() + r * mine * esize_, acc, mine, op_, &tmp_);
+      ReduceWireInto(wire_, s_->received.data() + r * mine * esize_, acc, mine, op_, &s_->tmp);
     }
   }
-  std::vector<char>& encoded() { return encoded_; }
+  std::vector<char>& encoded() { return s_->encoded; }
 
  private:
   Communicator* comm_;
@@ -80,17 +82,16 @@ class SliceReduce {
   DataType wire_;
   ReduceOp op_;
   size_t esize_;
-  std::vector<char> encoded_, received_;
-  std::vector<float> tmp_;
+  WireScratch* s_;
   std::unique_ptr<PendingOp> op_step_;
 };
 
 class WireAllreduce : public PendingOp {
  public:
   WireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire, ReduceOp op,
-                float* res_in, float* res_out)
-      : comm_(comm), buf_(buf), n_(n), wire_(wire), res_out_(res_out), counts_(Slices(n, comm->size())),
-        slices_(comm, in, counts_, wire, op, res_in) {}
+                WireScratch* scratch, float* res_in, float* res_out)
+      : comm_(comm), buf_(buf), n_(n), wire_(wire), res_out_(res_out), s_(scratch), counts_(Slices(n, comm->size())),
+        slices_(comm, in, counts_, wire, op, scratch, res_in) {}
 
   Status Test(bool* done) override {
     *done = false;
@@ -99,14 +100,14 @@ class WireAllreduce : public PendingOp {
       Status s = slices_.Test(&step_done);
       if (!s.ok() || !step_done) return s;
       const int64_t mine = counts_[comm_->rank()];
-      std::vector<float> acc(mine);
-      slices_.Reduce(acc.data());
+      s_->acc.resize(mine);
+      slices_.Reduce(s_->acc.data());
       const size_t esize = WireElementSize(wire_);
-      reduced_.resize(mine * esize);
+      s_->reduced.resize(mine * esize);
       int64_t first = 0;
       for (int r = 0; r < comm_->rank(); ++r) first += counts_[r];
-      EncodeWithFeedback(wire_, acc.data(), res_out_ ? res_out_ + first : nullptr, reduced_.data(), mine);
-      gather_ = comm_->Allgatherv(reduced_.data(), slices_.encoded().data(), Scaled(counts_, esize));
+      EncodeWithFeedback(wire_, s_->acc.data(), res_out_ ? res_out_ + first : nullptr, s_->reduced.data(), mine, s_);
+      gather_ = comm_->Allgatherv(s_->reduced.data(), slices_.encoded().data(), Scaled(counts_, esize));
     }
     Status s = gather_->Test(done);
     if (s.ok() && *done) DecodeWire(wire_, slices_.encoded().data(), buf_, n_);
@@ -119,9 +120,9 @@ class WireAllreduce : public PendingOp {
   int64_t n_;
   DataType wire_;
   float* res_out_;
+  WireScratch* s_;
   std::vector<int64_t> counts_;
   SliceReduce slices_;
-  std::vector<char> reduced_;
   std::unique_ptr<PendingOp> gather_;
 };
 
@@ -154,13 +155,14 @@ void DecodeWire(DataType wire, const void* in, float* out, int64_t n) {
 }
 
 std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire,
-                                              ReduceOp op, float* res_in, float* res_out) {
-  return std::make_unique<WireAllreduce>(comm, in, buf, n, wire, op, res_in, res_out);
+                                              ReduceOp op, WireScratch* scratch, float* res_in, float* res_out) {
+  return std::make_unique<WireAllreduce>(comm, in, buf, n, wire, op, scratch, res_in, res_out);
 }
 
 Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,
                          DataType wire, ReduceOp op) {
-  SliceReduce slices(comm, in, counts, wire, op);
+  WireScratch scratch;
+  SliceReduce slices(comm, in, counts, wire, op, &scratch);
   struct Step : PendingOp {
     SliceReduce* s;
     Status Test(bool* d) override { return s->Test(d); }

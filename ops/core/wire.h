@@ -16,6 +16,15 @@
 
 namespace mlsl {
 
+// The working buffers of one compressed collective. Reused from one chunk to the next (the
+// scheduler keeps one per in-flight slot, whose previous chunk has completed when the next one
+// starts), so a step of many chunks neither allocates nor faults in fresh pages per chunk:
+// resize only touches memory beyond what an earlier chunk already used.
+struct WireScratch {
+  std::vector<char> encoded, received, reduced;
+  std::vector<float> acc, tmp, corrected, back;
+};
+
 // True for the wire types a float32 collective can be compressed to.
 bool IsCompressedWire(DataType wire);
 size_t WireElementSize(DataType wire);  // 2 for bfloat16 / float16, 4 for float32
@@ -31,8 +40,9 @@ void DecodeWire(DataType wire, const void* in, float* out, int64_t n);
 // The caller must start these ops on a communicator in the same order on every rank and must
 // not start anything else on that communicator while one is in flight.
 // `in` may be buf itself or a separate input of n elements.
+// `scratch` must outlive the op and serve no other op while it is in flight.
 std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire,
-                                              ReduceOp op,
+                                              ReduceOp op, WireScratch* scratch,
                                               float* res_in = nullptr, float* res_out = nullptr);
 
 // Blocking reduce-scatter of float32 data through `wire`: in holds sum(counts) elements, out

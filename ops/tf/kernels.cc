@@ -55,11 +55,14 @@ mlsl::Shape ShapeOf(const Tensor& t) {
   return s;
 }
 
+bool HasNameAttr(const tensorflow::NodeDef& def) { return def.attr().count("tensor_name") > 0; }
+
 // Attrs every collective kernel reads, and the request skeleton built from them.
 class CollectiveKernel : public AsyncOpKernel {
  public:
   CollectiveKernel(OpKernelConstruction* c, mlsl::OpType op) : AsyncOpKernel(c), op_(op) {
-    OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
+    // Most collectives take their name as their last input; barrier and start keep an attr.
+    if (c->HasAttr("tensor_name")) OP_REQUIRES_OK(c, c->GetAttr("tensor_name", &tensor_name_));
     if (c->HasAttr("priority")) OP_REQUIRES_OK(c, c->GetAttr("priority", &priority_));
     if (c->HasAttr("process_set_id")) OP_REQUIRES_OK(c, c->GetAttr("process_set_id", &group_));
     if (c->HasAttr("reduce_op")) {
@@ -92,10 +95,11 @@ class CollectiveKernel : public AsyncOpKernel {
   bool IsExpensive() override { return false; }
 
  protected:
-  // A request described by this node's attrs, without inputs or callbacks.
-  std::unique_ptr<mlsl::Request> NewRequest() const {
+  // A request described by this node's attrs and `tensor_name` ('' = the node's name),
+  // without inputs or callbacks.
+  std::unique_ptr<mlsl::Request> NewRequest(const std::string& tensor_name) const {
     auto r = std::make_unique<mlsl::Request>();
-    r->name = tensor_name_.empty() ? name() : tensor_name_;
+    r->name = tensor_name.empty() ? name() : tensor_name;
     r->op = op_;
     r->reduce_op = reduce_op_;
     r->prescale = prescale_;
@@ -110,7 +114,7 @@ class CollectiveKernel : public AsyncOpKernel {
 
   // A request for this node's inputs [first, first+count), with outputs allocated on ctx.
   std::unique_ptr<mlsl::Request> MakeRequest(OpKernelContext* ctx, int first, int count, DoneCallback done) {
-    auto r = NewRequest();
+    auto r = NewRequest(InputName(ctx));
     for (int i = first; i < first + count; ++i) {
       const Tensor& t = ctx->input(i);
       r->inputs.push_back(mlsl::TensorInput{t.tensor_data().data(), ShapeOf(t)});
@@ -146,8 +150,26 @@ class CollectiveKernel : public AsyncOpKernel {
     rt->Submit(std::move(r));
   }
 
+  // The name the op was given: its last input, or the tensor_name attr of ops without one.
+  std::string InputName(OpKernelContext* ctx) const {
+    if (!takes_name_input_) return tensor_name_;
+    const Tensor& t = ctx->input(ctx->num_inputs() - 1);
+    return std::string(t.scalar<tensorflow::tstring>()());
+  }
+
   // False (and the op finished with an error) when this kernel must not run the collective.
   bool Admit(OpKernelContext* ctx, int input, const DoneCallback& done) {
+    if (takes_name_input_) {
+      const Tensor& t = ctx->input(ctx->num_inputs() - 1);
+      if (t.dtype() != tensorflow::DT_STRING || t.dims() != 0) {
+        ctx->SetStatus(tensorflow::errors::InvalidArgument("mlsl_tf: the tensor_name input of '", name(),
+                                                           "' must be a scalar string, got ",
+                                                           tensorflow::DataTypeString(t.dtype()), " of shape ",
+                                                           t.shape().DebugString()));
+        done();
+        return false;
+      }
+    }
     // Constant folding (the function runtime's, with step id CONSTANT_FOLDING_STEP_ID, and
     // Grappler's, without a runner) evaluates a node whose inputs are all constants once, while
     // optimising the graph; a collective folded that way would run at optimisation time, on the
@@ -170,6 +192,7 @@ class CollectiveKernel : public AsyncOpKernel {
   }
 
   const mlsl::OpType op_;
+  const bool takes_name_input_ = !HasNameAttr(def());
   std::string tensor_name_;
   int priority_ = 0, group_ = 0, root_ = 0, wire_ = -1;
   bool error_feedback_ = false;
@@ -193,7 +216,7 @@ class GroupedAllreduceKernel : public CollectiveKernel {
   explicit GroupedAllreduceKernel(OpKernelConstruction* c) : CollectiveKernel(c, mlsl::OpType::kAllreduce) {}
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     if (!Admit(ctx, 0, done)) return;
-    auto r = MakeRequest(ctx, 0, ctx->num_inputs(), done);
+    auto r = MakeRequest(ctx, 0, ctx->num_inputs() - 1, done);
     Submit(ctx, std::move(r), done);
   }
 };
@@ -203,6 +226,10 @@ class AlltoallKernel : public CollectiveKernel {
   explicit AlltoallKernel(OpKernelConstruction* c) : CollectiveKernel(c, mlsl::OpType::kAlltoall) {}
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     if (!Admit(ctx, 0, done)) return;
+    OP_REQUIRES_ASYNC(ctx, ctx->input(1).dims() == 1,
+                      tensorflow::errors::InvalidArgument("mlsl_tf: alltoall splits must be a vector (one entry per "
+                                                          "rank), got shape ", ctx->input(1).shape().DebugString()),
+                      done);
     auto r = MakeRequest(ctx, 0, 1, done);
     auto splits = ctx->input(1).flat<int32_t>();
     for (int i = 0; i < splits.size(); ++i) r->splits.push_back(splits(i));
@@ -230,7 +257,7 @@ class StartAllreduceKernel : public CollectiveKernel {
                       done);
     auto tensors = std::make_shared<DeferredTensors>();
     tensors->input = ctx->input(0);
-    auto r = NewRequest();
+    auto r = NewRequest(tensor_name_);
     ToCore(tensors->input.dtype(), &r->dtype);
     r->inputs.push_back(mlsl::TensorInput{tensors->input.tensor_data().data(), ShapeOf(tensors->input)});
     r->allocate_output = [tensors](int, const mlsl::Shape& shape, void** data) {

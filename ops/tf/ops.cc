@@ -12,9 +12,10 @@ using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
 #define MLSL_TYPES "T: {uint8, int8, int32, int64, half, bfloat16, float, double, bool}"
+// The collective's name is an input (a scalar string), not an attr: eager calls with many
+// distinct names then share one cached kernel instead of building one per name.
 #define MLSL_COMMON_ATTRS                         \
-  .Attr("tensor_name: string = ''")               \
-      .Attr("priority: int = 0")                  \
+  .Attr("priority: int = 0")                      \
       .Attr("process_set_id: int = 0")
 
 // Same shape as the input, except an unknown first dimension (allgather, alltoall, reducescatter).
@@ -39,6 +40,7 @@ REGISTER_OP("MlslAllreduce")
     .Attr("wire_dtype: string = ''")
     MLSL_COMMON_ATTRS
     .Input("tensor: T")
+    .Input("tensor_name: string")
     .Output("sum: T")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
     .Doc("Reduces `tensor` over all ranks with `reduce_op`; every rank receives the result.");
@@ -52,9 +54,10 @@ REGISTER_OP("MlslGroupedAllreduce")
     .Attr("wire_dtype: string = ''")
     MLSL_COMMON_ATTRS
     .Input("tensors: num_tensors * T")
+    .Input("tensor_name: string")
     .Output("sums: num_tensors * T")
     .SetShapeFn([](InferenceContext* c) {
-      for (int i = 0; i < c->num_inputs(); ++i) c->set_output(i, c->input(i));
+      for (int i = 0; i + 1 < c->num_inputs(); ++i) c->set_output(i, c->input(i));
       return Status();
     })
     .Doc("Allreduces a list of tensors as one negotiated, fused collective.");
@@ -63,6 +66,7 @@ REGISTER_OP("MlslAllgather")
     .Attr(MLSL_TYPES)
     MLSL_COMMON_ATTRS
     .Input("tensor: T")
+    .Input("tensor_name: string")
     .Output("output: T")
     .SetShapeFn(FirstDimUnknown)
     .Doc("Concatenates every rank's `tensor` along the first dimension, which may differ per rank.");
@@ -72,6 +76,7 @@ REGISTER_OP("MlslBroadcast")
     .Attr("root_rank: int")
     MLSL_COMMON_ATTRS
     .Input("tensor: T")
+    .Input("tensor_name: string")
     .Output("output: T")
     .SetShapeFn(tensorflow::shape_inference::UnchangedShape)
     .Doc("Every rank receives root_rank's `tensor`.");
@@ -81,9 +86,12 @@ REGISTER_OP("MlslAlltoall")
     MLSL_COMMON_ATTRS
     .Input("tensor: T")
     .Input("splits: int32")
+    .Input("tensor_name: string")
     .Output("output: T")
     .Output("received_splits: int32")
     .SetShapeFn([](InferenceContext* c) {
+      ShapeHandle splits;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &splits));  // one entry per rank, not a matrix
       TF_RETURN_IF_ERROR(FirstDimUnknown(c));
       c->set_output(1, c->Vector(c->UnknownDim()));
       return Status();
@@ -98,6 +106,7 @@ REGISTER_OP("MlslReducescatter")
     .Attr("wire_dtype: string = ''")
     MLSL_COMMON_ATTRS
     .Input("tensor: T")
+    .Input("tensor_name: string")
     .Output("output: T")
     .SetShapeFn(FirstDimUnknown)
     .Doc("Reduces `tensor` over all ranks; rank r keeps the r-th block of rows.");
@@ -113,6 +122,7 @@ REGISTER_OP("MlslStartAllreduce")
     .Attr("prescale_factor: float = 1.0")
     .Attr("postscale_factor: float = 1.0")
     .Attr("wire_dtype: string = ''")
+    .Attr("tensor_name: string")
     MLSL_COMMON_ATTRS
     .Input("tensor: T")
     .Input("order: resource")

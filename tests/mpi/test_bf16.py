@@ -96,9 +96,22 @@ def test_bf16_leaves_other_dtypes_alone():
     x = tf.constant([R + 1, 2**20 + 1], tf.int32)
     y = hvd.allreduce(x, op=hvd.Sum, compression=hvd.Compression.bf16, name="bf16_int").numpy()
     np.testing.assert_array_equal(y, [N * (N + 1) // 2, N * (2**20 + 1)])
+
+
+
+def test_bf16_compresses_float64_through_float32():
+    """float64 is not sent as it is: it is cast to float32, travels as bfloat16 with the float32
+    sum, and comes back as float64 (Horovod's compressors compress every floating dtype)."""
+    xs = [x.astype(np.float64) for x in data(11, n=10_000)]
+    y = hvd.allreduce(tf.constant(xs[R]), op=hvd.Sum, compression=hvd.Compression.bf16, name="bf16_f64")
+    assert y.dtype == tf.float64
+    s_hat = np.zeros_like(xs[0], np.float32)
+    for x in xs:
+        s_hat = s_hat + bf16_round(x.astype(np.float32))
+    np.testing.assert_array_equal(y.numpy(), bf16_round(s_hat).astype(np.float64))
     d = tf.constant([1.0 + 2.0 ** -20], tf.float64)
-    yd = hvd.allreduce(d, op=hvd.Sum, compression=hvd.Compression.bf16, name="bf16_f64").numpy()
-    assert yd[0] == N * (1.0 + 2.0 ** -20)
+    yd = hvd.allreduce(d, op=hvd.Sum, compression=hvd.Compression.bf16, name="bf16_f64_small").numpy()
+    assert yd[0] == N  # 1 + 2^-20 rounds to 1 in bfloat16
 
 
 def test_bf16_reducescatter_rounds_only_on_the_way_in():
@@ -121,12 +134,9 @@ def test_wire_dtype_env_default_and_ranks_must_agree():
         y = hvd.allreduce(tf.constant(xs[R]), op=hvd.Sum, name="env_wire").numpy()
         np.testing.assert_array_equal(y, emulate(xs))
         # An explicit wire on one rank only is a disagreement: an error on every rank, not a hang.
-        comp = hvd.Compression.bf16 if R == 0 else hvd.Compression.fp16
         with pytest.raises(tf.errors.InvalidArgumentError, match="wire dtype"):
-            hvd.allreduce(tf.constant(xs[R]), op=hvd.Sum, compression=hvd.Compression.none if R == 0 else comp,
-                          name="wire_mismatch").numpy() if False else hvd.ops._ops().mlsl_allreduce(
-                tf.constant(xs[R]), reduce_op=hvd.Sum, tensor_name="wire_mismatch",
-                wire_dtype="bfloat16" if R == 0 else "none")
+            hvd.ops._ops().mlsl_allreduce(tf.constant(xs[R]), "wire_mismatch", reduce_op=hvd.Sum,
+                                          wire_dtype="bfloat16" if R == 0 else "none")
     finally:
         del os.environ["MLSL_TF_WIRE_DTYPE"]
         hvd.shutdown()

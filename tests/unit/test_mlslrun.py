@@ -5,6 +5,7 @@ Every subprocess has a timeout, so a hang is a failure.  Also the pure helpers
 of launch.py and task.py.
 """
 
+import json
 import os
 import pathlib
 import re
@@ -12,9 +13,11 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 
 import pytest
 
+from mlsl_tf import basics as hvd_basics
 from mlsl_tf.runner import launch, task
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -125,6 +128,43 @@ def test_rank_that_raises_fails_its_peers_pending_collective():
     assert "rank 1 gives up" in r.stderr
     assert "rank 0 error:" in r.stdout and "rank 1 shut down" in r.stdout and "'abandoned'" in r.stdout, r.stdout
     assert re.search(r"mlslrun: rank 1 \(host .*exited with code 1", r.stderr), r.stderr
+
+
+@needs_mpi
+def test_rank_that_raises_exits_while_its_peer_is_busy_elsewhere():
+    # rank 0 raises while rank 1 computes outside mlsl_tf for minutes: rank 0 must not wait for
+    # rank 1 at exit (MPI_Finalize would), so mlslrun sees the failure and stops the job.
+    start = time.monotonic()
+    r = mlslrun("-np", "2", *program("""
+        import mlsl_tf as hvd, tensorflow as tf
+        hvd.init()
+        hvd.allreduce(tf.ones([4]), name="warm_up")
+        if RANK == 0:
+            raise RuntimeError("rank 0 gives up")
+        time.sleep(300)
+    """), timeout=240)
+    elapsed = time.monotonic() - start
+    assert r.returncode != 0
+    assert re.search(r"mlslrun: rank 0 \(host .*exited with code 1: RuntimeError: rank 0 gives up", r.stderr), r.stderr
+    assert elapsed < 120, f"the job took {elapsed:.0f} s: the failed rank waited for its busy peer"
+
+
+@needs_mpi
+def test_the_rank_that_raised_is_blamed_not_the_rank_it_hit():
+    # rank 1 raises; rank 0, waiting in a collective, fails because of it (and may exit first)
+    for _ in range(3):
+        r = mlslrun("-np", "2", *program("""
+            import mlsl_tf as hvd, tensorflow as tf
+            hvd.init()
+            hvd.allreduce(tf.ones([4]), name="warm_up")
+            if RANK == 1:
+                time.sleep(0.5)
+                raise ValueError("rank 1 is the culprit")
+            hvd.allreduce(tf.ones([4]), name="never_answered")
+        """), timeout=240)
+        assert r.returncode != 0
+        blamed = [line for line in r.stderr.splitlines() if line.startswith("mlslrun: ")][0]
+        assert "rank 1 (host" in blamed and "rank 1 is the culprit" in blamed, r.stderr
 
 
 @needs_mpi
@@ -331,8 +371,8 @@ def test_rank_dir_name_pads_like_horovodrun():
     assert task.rank_dir_name(4, None) == "rank.4"
 
 
-def status(rank, *, code=None, sig=None, forwarded=None, t=0.0):
-    return task.RankStatus(rank, "h", 100 + rank, code, sig, forwarded, t)
+def status(rank, *, code=None, sig=None, forwarded=None, t=0.0, **failure):
+    return task.RankStatus(rank, "h", 100 + rank, code, sig, forwarded, t, **failure)
 
 
 def test_describe():
@@ -351,6 +391,25 @@ def test_first_failure_prefers_the_cause():
     cause = status(1, code=3, t=2.0)
     assert launch.first_failure([stopped, cause]) == cause
     assert launch.first_failure([status(1, code=2, t=5.0), status(0, code=1, t=4.0)]).rank == 0
+    # a rank that only reports another rank's end is not the cause, even when it ended first
+    hit = status(0, code=1, t=1.0, failed_at=1.0, caused_by_peer=True)
+    culprit = status(1, code=1, t=3.0, failed_at=0.5, error="ValueError: x")
+    assert launch.first_failure([hit, culprit]) == culprit
+    # when the exception was raised counts, not when the process ended
+    late_exit = status(1, code=1, t=9.0, failed_at=1.0)
+    assert launch.first_failure([status(0, code=1, t=2.0, failed_at=2.0), late_exit]) == late_exit
+
+
+def test_failure_record_counts_before_the_status(tmp_path):
+    d = str(tmp_path)
+    with open(task.start_marker_path(d, 1), "w") as f:
+        json.dump({"rank": 1, "host": "hx", "pid": 7, "time": 0.0}, f)
+    with open(task.failure_path(d, 1), "w") as f:
+        json.dump({"time": 5.0, "pid": 8, "error": "ValueError: bad", "caused_by_peer": False}, f)
+    [s] = launch.rank_statuses(d, 2)
+    assert (s.rank, s.host, s.pid, s.exitcode, s.failed_at, s.caused_by_peer) == (1, "hx", 8, 1, 5.0, False)
+    assert s.describe() == "rank 1 (host hx, pid 8) exited with code 1: ValueError: bad"
+    assert task.FAILURE_FILE_ENV == hvd_basics.FAILURE_FILE_ENV
 
 
 def test_exit_code_of():

@@ -108,6 +108,10 @@ def test_bad_input_errors():
         hvd.allreduce(tf.constant(["a"]))
     with pytest.raises(ValueError, match="unknown reduction op"):
         hvd.allreduce(tf.ones([1]), op=42)
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="must be rank 1|must be a vector"):
+        hvd.alltoall(tf.ones([2, 2]), splits=[[1], [1]])
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="must be rank 1|must be a vector"):
+        tf.function(lambda x: hvd.alltoall(x, splits=[[2]]))(tf.ones([2]))
 
 
 def test_settings_come_from_the_library():

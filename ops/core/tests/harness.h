@@ -3,7 +3,9 @@
 #pragma once
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 #include <functional>
 #include <future>
 #include <memory>
@@ -70,9 +72,21 @@ template <typename T> mlsl::TensorInput Input(const std::vector<T>& data, mlsl::
   return mlsl::TensorInput{data.data(), std::move(shape)};
 }
 
+// Sets MLSL_TF_* settings for the runtimes a test creates (they read them when made), and
+// unsets them afterwards.
+struct Env {
+  std::vector<std::string> names;
+  Env(std::initializer_list<std::pair<const char*, const char*>> kv) {
+    for (auto& [k, v] : kv) { setenv(k, v, 1); names.push_back(k); }
+  }
+  ~Env() { for (auto& n : names) unsetenv(n.c_str()); }
+};
+
 // Runs body(rank, runtime) on n threads, each with its own Runtime on one fake world.
-inline void RunRanks(int n, const std::function<void(int, mlsl::Runtime&)>& body) {
+inline void RunRanks(int n, const std::function<void(int, mlsl::Runtime&)>& body,
+                     int64_t max_message_bytes = INT64_MAX) {
   auto world = std::make_shared<mlsl::FakeWorld>(n);
+  world->max_message_bytes = max_message_bytes;
   std::vector<std::unique_ptr<mlsl::Runtime>> rts;
   for (int r = 0; r < n; ++r) rts.push_back(std::make_unique<mlsl::Runtime>(std::make_unique<mlsl::FakeCommunicator>(world, r)));
   std::vector<std::thread> threads;

@@ -117,6 +117,28 @@ TEST(broadcast_from_every_root) {
   });
 }
 
+TEST(broadcast_larger_than_one_message_is_cut_into_pieces) {
+  // The fake refuses messages over 64 bytes, as MPI refuses counts over 2^31-1.
+  RunRanks(2, [](int rank, Runtime& rt) {
+    for (int64_t n : {int64_t(0), int64_t(16), int64_t(17), int64_t(100)}) {  // int32: 64 bytes = 16 elements
+      std::vector<int32_t> x(n);
+      for (int64_t i = 0; i < n; ++i) x[i] = int32_t(rank * 1000 + i);
+      Request r;
+      r.name = "big_bcast" + std::to_string(n);
+      r.op = OpType::kBroadcast;
+      r.dtype = DataType::kInt32;
+      r.root = 1;
+      r.inputs = {Input(x, {n})};
+      auto f = Submit(rt, std::move(r));
+      Result res = Get(f);
+      CHECK(res.status.ok());
+      std::vector<int32_t> want(n);
+      for (int64_t i = 0; i < n; ++i) want[i] = int32_t(1000 + i);
+      CHECK(res.As<int32_t>() == want);
+    }
+  }, 64);
+}
+
 TEST(alltoall_with_splits_returns_received_splits) {
   RunRanks(3, [](int rank, Runtime& rt) {
     // rank r sends (d + r) rows of value 100*r + d to rank d
@@ -315,5 +337,65 @@ TEST(barrier_and_size_one) {
     std::vector<float> x = {2.0f};
     auto g = Submit(rt, Allreduce("one", Input(x, {1}), DataType::kFloat32, ReduceOp::kAverage));
     CHECK(Get(g).As<float>() == std::vector<float>{2.0f});
+  });
+}
+
+TEST(stall_shutdown_fails_every_rank_with_what_each_waits_for) {
+  Env env({{"MLSL_TF_STALL_SHUTDOWN_SECONDS", "1"}, {"MLSL_TF_STALL_WARNING_SECONDS", "0"}});
+  const auto start = std::chrono::steady_clock::now();
+  RunRanks(3, [](int rank, Runtime& rt) {
+    std::vector<float> x = {1};
+    // Out of step: every rank waits in a different collective.
+    auto f = Submit(rt, Allreduce("step." + std::to_string(rank), Input(x, {1}), DataType::kFloat32));
+    Result res = Get(f, 10);
+    CHECK(res.status.code() == StatusCode::kAborted);
+    CHECK_CONTAINS(res.status.message(), "stalled for more than 1 s (MLSL_TF_STALL_SHUTDOWN_SECONDS)");
+    for (int r = 0; r < 3; ++r) CHECK_CONTAINS(res.status.message(), "rank " + std::to_string(r) + " waits for 'step." +
+                                                                    std::to_string(r) + "'");
+  });
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(4));
+}
+
+TEST(no_stall_shutdown_by_default) {
+  RunRanks(2, [](int rank, Runtime& rt) {
+    std::vector<float> x = {1};
+    if (rank == 1) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    auto f = Submit(rt, Allreduce("late", Input(x, {1}), DataType::kFloat32));
+    CHECK(Get(f, 10).status.ok());
+  });
+}
+
+static int64_t StatsField(const Runtime& rt, const std::string& field) {
+  const std::string json = rt.StatsJson();
+  size_t at = json.find("\"" + field + "\": ");
+  return at == std::string::npos ? -1 : std::stoll(json.substr(at + field.size() + 4));
+}
+
+TEST(names_beyond_cache_capacity_are_forgotten_and_renegotiated) {
+  Env env({{"MLSL_TF_CACHE_CAPACITY", "16"}});
+  RunRanks(2, [](int rank, Runtime& rt) {
+    for (int i = 0; i < 200; ++i) {
+      // a hot name every step, and a distinct one; rank 1 sometimes lags, so ranks are not
+      // always idle together
+      if (rank == 1 && i % 7 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::vector<int32_t> x = {rank + i, 1};
+      auto hot = Submit(rt, Allreduce("hot", Input(x, {2}), DataType::kInt32));
+      auto once = Submit(rt, Allreduce("step." + std::to_string(i), Input(x, {2}), DataType::kInt32));
+      Result a = Get(hot), b = Get(once);
+      CHECK(a.status.ok() && b.status.ok());
+      CHECK(a.As<int32_t>() == std::vector<int32_t>({1 + 2 * i, 2}));
+      CHECK(b.As<int32_t>() == std::vector<int32_t>({1 + 2 * i, 2}));
+    }
+    CHECK(StatsField(rt, "names_known") <= 40);  // capacity + the names of a few cycles
+    CHECK(StatsField(rt, "names_forgotten") >= 120);
+    // A forgotten name runs again, and a mismatch on it is still caught.
+    std::vector<int32_t> y(rank ? 3 : 2, 5);
+    auto f = Submit(rt, Allreduce("step.3", Input(y, {int64_t(y.size())}), DataType::kInt32));
+    CHECK_CONTAINS(Get(f).status.message(), "shape [2] on rank 0 vs [3] on rank 1");
+    std::vector<int32_t> z = {rank, 7};
+    auto g = Submit(rt, Allreduce("step.4", Input(z, {2}), DataType::kInt32));
+    Result c = Get(g);
+    CHECK(c.status.ok());
+    CHECK(c.As<int32_t>() == std::vector<int32_t>({1, 14}));
   });
 }

@@ -11,15 +11,6 @@ using namespace mlsl_test;
 
 namespace {
 
-// Sets scheduler settings for the runtimes a test creates, and restores them.
-struct Env {
-  std::vector<std::string> names;
-  Env(std::initializer_list<std::pair<const char*, const char*>> kv) {
-    for (auto& [k, v] : kv) { setenv(k, v, 1); names.push_back(k); }
-  }
-  ~Env() { for (auto& n : names) unsetenv(n.c_str()); }
-};
-
 Request Allreduce(const std::string& name, const std::vector<float>& data, int priority) {
   Request r;
   r.name = name;

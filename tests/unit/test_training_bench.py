@@ -1,0 +1,60 @@
+"""benchmarks/training.py's pure parts: how each configuration is launched, and how efficiency
+and the ratios to Horovod are computed from the jobs' results (no job is run here)."""
+
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import training  # noqa: E402
+
+
+def _ns(**kw):
+    base = dict(np=2, steps=None, python="/py", horovod_python="/hvd/bin/python")
+    base.update(kw)
+    return argparse.Namespace(**base)
+
+
+def test_mlsl_configurations_run_under_mlslrun_with_their_settings():
+    argv, env = training.job_argv(_ns(), "resnet50", "fifo", ["ENTER", "--"])
+    assert argv[:5] == ["/py", "-m", "mlsl_tf.runner", "-np", "2"]
+    assert argv[5:7] == ["ENTER", "--"] and argv[7] == "/py" and argv[8].endswith("training.py")
+    assert argv[9:] == ["--worker", "--model", "resnet50", "--config", "fifo"]
+    assert env["MLSL_TF_PRIORITY"] == "fifo" and env["MLSL_TF_CROSS_ITERATION"] == "0"
+    _, env = training.job_argv(_ns(), "resnet50", "overlap", [])
+    assert not any(k.startswith("MLSL_TF_") for k in env)  # the defaults, as a user runs it
+    _, env = training.job_argv(_ns(), "resnet50", "priority", [], timeline="/t.json")
+    assert env["MLSL_TF_CROSS_ITERATION"] == "0" and env["MLSL_TF_TIMELINE"] == "/t.json"
+
+
+def test_horovod_runs_under_its_own_mpiexec():
+    argv, env = training.job_argv(_ns(steps=7), "vgg16", "horovod", [])
+    assert argv[:3] == ["/hvd/bin/mpiexec", "-n", "2"] and argv[3] == "/hvd/bin/python"
+    assert argv[-2:] == ["--impl", "horovod"] and "--steps" in argv and "7" in argv
+
+
+def test_efficiency_and_horovod_ratio(capsys):
+    rows = {("resnet50", "2gbit", c): [{"step_s": s, "samples_per_s": 32 / s}]
+            for c, s in [("compute", 0.6), ("comm", 0.5), ("comm_bf16", 0.3), ("overlap", 0.75),
+                         ("overlap_bf16", 0.65), ("horovod", 0.9)]}
+    rows[("resnet50", "2gbit", "fifo")] = [{"error": "exit 1"}]
+    out = {r["config"]: r for r in training.summarize(rows, _ns())}
+    assert abs(out["overlap"]["efficiency"] - 0.6 / 0.75) < 1e-9
+    assert abs(out["overlap_bf16"]["efficiency"] - 0.6 / 0.65) < 1e-9  # max(compute, comm_bf16)
+    assert abs(out["overlap"]["over_horovod"] - 0.9 / 0.75) < 1e-9
+    assert out["fifo"]["runs"] == 0 and out["fifo"]["errors"] == ["exit 1"]
+    printed = [json.loads(line)["median"] for line in capsys.readouterr().out.splitlines()]
+    assert len(printed) == 7
+
+
+def test_markdown_table(tmp_path):
+    path = tmp_path / "r.jsonl"
+    path.write_text("\n".join(json.dumps({"median": r}) for r in [
+        {"model": "resnet50", "link": "2gbit", "config": "compute", "samples_per_s": 50.0},
+        {"model": "resnet50", "link": "2gbit", "config": "overlap", "samples_per_s": 40.0, "efficiency": 0.8,
+         "over_horovod": 1.1},
+    ]) + "\n")
+    table = training.markdown([str(path)]).splitlines()
+    assert table[0] == "| model, link | compute | overlap |"
+    assert table[2] == "| resnet50, 2gbit | 50.0 | 40.0 (80%, 1.10x hvd) |"
