@@ -7,6 +7,10 @@ import ctypes
 import functools
 import os
 
+class NotInitializedError(ValueError):
+    """Raised when the API is used before mlsl_tf.init()."""
+
+
 LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_mlsl_tf.so")
 
 
@@ -70,6 +74,5 @@ def stats():
 
     raw = c_api().mlsl_tf_stats_json()
     if raw is None:
-        from mlsl_tf.basics import NotInitializedError
         raise NotInitializedError(last_error())
     return json.loads(raw.decode())

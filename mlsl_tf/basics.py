@@ -3,14 +3,12 @@
 import atexit
 import json
 import os
+import re
 import sys
 import time
 
 from mlsl_tf import _library
-
-
-class NotInitializedError(ValueError):
-    """Raised when the API is used before mlsl_tf.init()."""
+from mlsl_tf._library import NotInitializedError  # noqa: F401 - part of this module's API
 
 
 _atexit_registered = []
@@ -27,7 +25,9 @@ def _record_failure(error):
     path = os.environ.get(FAILURE_FILE_ENV)
     if not path:
         return
-    text = f"{type(error).__name__}: {error}"
+    # TensorFlow wraps an op's message in "{{function_node ...}} ... [Op:Name]": keep the message
+    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]\s*$", "", str(error))
+    text = f"{type(error).__name__}: {message}"
     record = {"time": time.time(), "pid": os.getpid(), "error": text.splitlines()[0][:500] if text else "",
               "caused_by_peer": any(w in text for w in _PEER_FAILURE_WORDS)}
     try:
@@ -75,9 +75,30 @@ def init(comm=None, process_sets=None):
         sys.excepthook = _exit_promptly_on_error(sys.excepthook)
     if "keras" in sys.modules:
         # A Keras script: progress bars and epoch lines on rank 0 only, as with mlsl_tf.keras.init
-        # (mlsl_tf.keras.set_progress_output("all") brings them back).
-        from mlsl_tf.keras import set_progress_output
+        # (set_progress_output("all") brings them back).
         set_progress_output(0)
+
+
+def set_progress_output(ranks=0):
+    """Chooses which ranks print Keras' interactive output (progress bars, epoch lines,
+    model.summary): a rank, a list of ranks, or "all". On the others Keras writes it to absl
+    logging at INFO level instead of stdout. Keras keeps this switch per thread: call it from
+    the thread that runs fit."""
+    if isinstance(ranks, str):
+        if ranks != "all":
+            raise ValueError(f"set_progress_output: ranks must be a rank, a list of ranks or 'all', got {ranks!r}")
+        show = True
+    else:
+        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
+        bad = [r for r in chosen if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < size()]
+        if bad:
+            raise ValueError(f"set_progress_output: ranks must be ranks in [0, {size()}) or 'all', got {ranks!r}")
+        show = rank() in chosen
+    import keras
+    if show:
+        keras.config.enable_interactive_logging()
+    else:
+        keras.config.disable_interactive_logging()
 
 
 def shutdown():

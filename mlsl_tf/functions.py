@@ -7,6 +7,7 @@ import tensorflow as tf
 
 from mlsl_tf import ops
 from mlsl_tf.basics import rank
+from mlsl_tf.groups import data_parallel_group_of, sharded_group
 
 
 def _placement(v, root_rank, process_set):
@@ -15,11 +16,9 @@ def _placement(v, root_rank, process_set):
     data-parallel group from groups.grid), from the root's replica -- never over other shards."""
     if process_set is not None:
         return process_set, root_rank
-    from mlsl_tf.keras.layers import sharded_group
     mp = sharded_group(v)
     if mp is None:
         return None, root_rank
-    from mlsl_tf.groups import data_parallel_group_of
     dp = data_parallel_group_of(mp)
     if dp is None:
         raise ValueError(f"broadcast_variables: '{v.name}' is sharded over group {mp.ranks}; a world broadcast "

@@ -279,3 +279,13 @@ def check_reduction_group(variables, process_set):
                 f"would be reduced over ranks {sorted(reduce_ranks)}, which hold different shards of it "
                 f"(ranks {shared}); reduce over the data-parallel group instead, e.g. "
                 "mp, dp = mlsl_tf.groups.grid(model_parallel=K); DistributedOptimizer(opt, group=dp)")
+
+
+def sharded_group(variable):
+    """The model-parallel group over which `variable` is sharded, or None."""
+    return getattr(variable, "_mlsl_sharded_over", None)
+
+
+def replicated_group(variable):
+    """The model-parallel group in which `variable` is replicated by a parallel layer, or None."""
+    return getattr(variable, "_mlsl_replicated_in", None)

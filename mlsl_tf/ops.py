@@ -43,7 +43,8 @@ def _tensor_name(name, prefix, ignore_name_scope=False):
         # The name the op's node will get: unique in this graph, and the same on every rank
         # because every rank traces the same program.
         graph = tf.compat.v1.get_default_graph()
-        return f"{graph.name}/{graph.unique_name(prefix, mark_as_used=False)}"
+        # A tf.function's graph has a name; a TF1-style tf.Graph() has none.
+        return f"{getattr(graph, 'name', 'graph')}/{graph.unique_name(prefix, mark_as_used=False)}"
     if ignore_name_scope:
         return name
     scope = tf.compat.v1.get_default_graph().get_name_scope()

@@ -11,7 +11,7 @@ import keras
 
 from mlsl_tf import basics
 from mlsl_tf.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size, mpi_threads_supported,
-                            rank, shutdown, size)
+                            rank, set_progress_output, shutdown, size)
 from mlsl_tf.compression import Compression
 from mlsl_tf.functions import allgather_object, broadcast_object, broadcast_variables
 from mlsl_tf.keras import callbacks
@@ -25,27 +25,6 @@ def init(*args, **kwargs):
     """mlsl_tf.init (same arguments), then `set_progress_output(0)`: Keras prints on rank 0 only."""
     basics.init(*args, **kwargs)
     set_progress_output(0)
-
-
-def set_progress_output(ranks=0):
-    """Chooses which ranks print Keras' interactive output (progress bars, epoch lines,
-    model.summary): a rank, a list of ranks, or "all". On the others Keras writes it to absl
-    logging at INFO level instead of stdout. Keras keeps this switch per thread: call it from
-    the thread that runs fit."""
-    if isinstance(ranks, str):
-        if ranks != "all":
-            raise ValueError(f"set_progress_output: ranks must be a rank, a list of ranks or 'all', got {ranks!r}")
-        show = True
-    else:
-        chosen = [ranks] if isinstance(ranks, int) else list(ranks)
-        bad = [r for r in chosen if not isinstance(r, int) or isinstance(r, bool) or not 0 <= r < size()]
-        if bad:
-            raise ValueError(f"set_progress_output: ranks must be ranks in [0, {size()}) or 'all', got {ranks!r}")
-        show = rank() in chosen
-    if show:
-        keras.config.enable_interactive_logging()
-    else:
-        keras.config.disable_interactive_logging()
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, **kwargs):

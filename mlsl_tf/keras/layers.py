@@ -37,21 +37,12 @@ import tensorflow as tf
 
 from mlsl_tf import ops
 from mlsl_tf import parallel
+from mlsl_tf.groups import replicated_group, sharded_group  # noqa: F401 - part of this module's API
 
 __all__ = ["ColumnParallelDense", "RowParallelDense", "replicated_group", "sharded_group"]
 
 _BASE_SEED = 1_000_003
 _constructed = itertools.count()
-
-
-def sharded_group(variable):
-    """The model-parallel group over which `variable` is sharded, or None."""
-    return getattr(variable, "_mlsl_sharded_over", None)
-
-
-def replicated_group(variable):
-    """The model-parallel group in which `variable` is replicated by a parallel layer, or None."""
-    return getattr(variable, "_mlsl_replicated_in", None)
 
 
 def _seeded(initializer, seed):

@@ -399,10 +399,15 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(sig, child.forward)
     code = child.wait()
     failure = read_failure(failure_path(ns.status_dir, rank)) if ns.status_dir is not None and code != 0 else {}
+    forwarded = child.forwarded
+    if failure and code < 0 and forwarded is not None:
+        # It had raised and was exiting (code 1) when the launcher, stopping the job because of
+        # that very exception, signalled it: the exception is what ended it.
+        code, forwarded = 1, None
     status = RankStatus(rank=rank, host=host, pid=child.proc.pid,
                         exitcode=code if code >= 0 else None,
                         signal=-code if code < 0 else None,
-                        forwarded=child.forwarded,
+                        forwarded=forwarded,
                         time=time.time(), **failure)
     if ns.status_dir is not None:
         _write_status(ns.status_dir, status)

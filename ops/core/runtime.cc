@@ -537,6 +537,19 @@ void Runtime::ChangeGroups(const RequestMeta& meta, Request* mine) {
   Finish(meta.name, status);
 }
 
+Status Runtime::GatherStrings(const std::string& mine, std::vector<int64_t>* sizes, std::string* all) {
+  sizes->assign(size_, 0);
+  int64_t my_size = int64_t(mine.size());
+  auto op = comm_->Allgatherv(&my_size, sizes->data(), std::vector<int64_t>(size_, 8));
+  Status s = Wait(op.get());
+  if (!s.ok()) return s;
+  int64_t total = 0;
+  for (int64_t v : *sizes) total += v;
+  all->assign(total, '\0');
+  op = comm_->Allgatherv(mine.data(), all->data(), *sizes);
+  return Wait(op.get());
+}
+
 bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed) {
   std::vector<RequestMeta> mine;
   for (auto& [name, l] : pending_) {
@@ -547,17 +560,9 @@ bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
   }
   std::string payload;
   SerializeMetas(mine, &payload);
-  std::vector<int64_t> sizes(size_, 0);
-  int64_t my_size = int64_t(payload.size());
-  auto op = comm_->Allgatherv(&my_size, sizes.data(), std::vector<int64_t>(size_, 8));
-  Status s = Wait(op.get());
-  int64_t total = 0;
-  for (int64_t v : sizes) total += v;
-  std::string all(s.ok() ? total : 0, '\0');
-  if (s.ok()) {
-    op = comm_->Allgatherv(payload.data(), all.data(), sizes);
-    s = Wait(op.get());
-  }
+  std::vector<int64_t> sizes;
+  std::string all;
+  Status s = GatherStrings(payload, &sizes, &all);
   if (!s.ok()) {
     Close("mlsl_tf: negotiation failed: " + s.message());
     return false;
@@ -662,17 +667,9 @@ bool Runtime::ReportStalls(bool shut) {
                std::to_string(std::chrono::duration_cast<std::chrono::seconds>(now - l.submitted).count()) + "\t" +
                name + "\n";
   }
-  std::vector<int64_t> sizes(size_, 0);
-  int64_t my_size = int64_t(payload.size());
-  auto op = comm_->Allgatherv(&my_size, sizes.data(), std::vector<int64_t>(size_, 8));
-  Status s = Wait(op.get());
-  int64_t total = 0;
-  for (int64_t v : sizes) total += v;
-  std::string all(s.ok() ? total : 0, '\0');
-  if (s.ok()) {
-    op = comm_->Allgatherv(payload.data(), all.data(), sizes);
-    s = Wait(op.get());
-  }
+  std::vector<int64_t> sizes;
+  std::string all;
+  Status s = GatherStrings(payload, &sizes, &all);
   if (!s.ok()) {
     Close("mlsl_tf: the stall report failed: " + s.message());
     return false;

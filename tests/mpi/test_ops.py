@@ -262,3 +262,19 @@ def test_mpi4py_collectives_alongside_mlsl_tf():
     assert mine == [sum(r * 100 + i for r in range(N)) for i in range(200)]
     for i, got in enumerate(results):
         np.testing.assert_array_equal(got, np.full(1000, sum(r + i for r in range(N)), np.float32))
+
+
+def test_tf1_graph_and_session():
+    # A tf.compat.v1 graph run by a Session, unnamed collectives (the node names pair them)
+    with tf.Graph().as_default():
+        x = tf.constant([1.0 + R, 2.0])
+        ops = [hvd.allreduce(x, op=hvd.Sum), hvd.allgather(tf.reshape(x, [1, 2])),
+               hvd.broadcast(x, root_rank=N - 1), hvd.grouped_allreduce([x, x * 2], op=hvd.Sum)]
+        with tf.compat.v1.Session() as sess:
+            for _ in range(2):  # the same nodes run twice
+                total, gathered, bcast, grouped = sess.run(ops)
+    ranks_sum = N * (N + 1) / 2
+    np.testing.assert_array_equal(total, [ranks_sum, 2.0 * N])
+    np.testing.assert_array_equal(gathered, [[1.0 + r, 2.0] for r in range(N)])
+    np.testing.assert_array_equal(bcast, [float(N), 2.0])
+    np.testing.assert_array_equal(grouped[1], [2 * ranks_sum, 4.0 * N])

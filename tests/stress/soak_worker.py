@@ -21,28 +21,34 @@ def rss_kib():
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS:"))
 
 
+def fill(shape, value, dtype):
+    # from numpy: tf.fill with a new Python scalar each call would grow TensorFlow's eager cache
+    # of scalar constants (one entry per distinct value), which is not mlsl_tf's memory
+    return tf.constant(np.full(shape, value, dtype))
+
+
 def one(i, name):
     """Collective number i (its kind cycles); returns whether its result was right."""
     kind, k = i % 6, 1 + i % 97
     if kind == 0:
-        y = hvd.allreduce(tf.fill([k], float(i + R)), op=hvd.Sum, name=name)
+        y = hvd.allreduce(fill([k], i + R, np.float32), op=hvd.Sum, name=name)
         return np.array_equal(y.numpy(), np.full(k, N * i + N * (N - 1) / 2))
     if kind == 1:
-        y = hvd.allgather(tf.fill([R + 1, 2], i + R), name=name)
+        y = hvd.allgather(fill([R + 1, 2], i + R, np.int32), name=name)
         want = np.concatenate([np.full([r + 1, 2], i + r) for r in range(N)])
         return np.array_equal(y.numpy(), want)
     if kind == 2:
         root = i % N
-        y = hvd.broadcast(tf.fill([k], i * 10 + R), root_rank=root, name=name)
+        y = hvd.broadcast(fill([k], i * 10 + R, np.int32), root_rank=root, name=name)
         return np.array_equal(y.numpy(), np.full(k, i * 10 + root))
     if kind == 3:
-        y = hvd.alltoall(tf.fill([N * 2], i * 10 + R), name=name)
+        y = hvd.alltoall(fill([N * 2], i * 10 + R, np.int32), name=name)
         y = y[0] if isinstance(y, tuple) else y
         return np.array_equal(y.numpy(), np.repeat([i * 10 + r for r in range(N)], 2))
     if kind == 4:
-        y = hvd.reducescatter(tf.fill([N * 3], float(i + R)), op=hvd.Sum, name=name)
+        y = hvd.reducescatter(fill([N * 3], i + R, np.float32), op=hvd.Sum, name=name)
         return np.array_equal(y.numpy(), np.full(3, N * i + N * (N - 1) / 2))
-    ys = hvd.grouped_allreduce([tf.fill([k], float(i + R)), tf.fill([2], float(R))], op=hvd.Sum, name=name)
+    ys = hvd.grouped_allreduce([fill([k], i + R, np.float32), fill([2], R, np.float32)], op=hvd.Sum, name=name)
     return (np.array_equal(ys[0].numpy(), np.full(k, N * i + N * (N - 1) / 2))
             and np.array_equal(ys[1].numpy(), np.full(2, N * (N - 1) / 2)))
 
