@@ -97,6 +97,23 @@ def build_model(name, keras, batch, seed):
 # ---------------------------------------------------------------------------------------------
 # Worker: one rank of one job.
 
+def thread_cpu():
+    """CPU seconds so far of this process's threads, summed by thread name (mlsl_tf's background
+    thread is 'mlsl_tf_comm'; TensorFlow's pools are 'tf_*')."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        name = stat[stat.index("(") + 1:stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / ticks  # utime + stime
+    return out
+
+
 def worker(ns):
     import tensorflow as tf
     if ns.impl == "horovod":
@@ -128,10 +145,13 @@ def worker(ns):
         ends = []
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
         hvd.allreduce(tf.constant(0.0), name="training.barrier")
+        cpu_before = thread_cpu()
         start = time.perf_counter()
         model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
         times = [b - a for a, b in zip([start] + ends[:-1], ends)]
-        result = {"step_s": statistics.median(times[1:]), "mean_step_s": (ends[-1] - start) / steps}
+        cpu = {k: round((v - cpu_before.get(k, 0.0)) / steps, 4) for k, v in thread_cpu().items()}
+        result = {"step_s": statistics.median(times[1:]), "mean_step_s": (ends[-1] - start) / steps,
+                  "cpu_s_per_step": {k: v for k, v in sorted(cpu.items()) if v > 0}}
         if ns.impl == "mlsl_tf":  # results still parked: the last step's updates were deferred
             from mlsl_tf import _library
             result["deferred_at_end"] = _library.c_api().mlsl_tf_parked()

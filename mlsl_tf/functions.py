@@ -44,6 +44,18 @@ def broadcast_variables(variables, root_rank, process_set=None):
     _broadcast()
 
 
+def broadcast_global_variables(root_rank):
+    """TF1-style graphs: an op that assigns root_rank's value to every global variable, as in
+    Horovod. Eager execution has no global variables: use broadcast_variables(model.variables)."""
+    if tf.executing_eagerly():
+        raise RuntimeError("broadcast_global_variables() needs a TF1-style graph (eager execution has no global "
+                           "variables); use mlsl_tf.broadcast_variables(model.variables, root_rank) instead")
+    return tf.group(*[
+        tf.compat.v1.assign(v, ops.broadcast(v, root_rank, ignore_name_scope=True,
+                                             name=f"mlsl.broadcast_global.{ops._normalize_name(v.name)}"))
+        for v in tf.compat.v1.global_variables()])
+
+
 def _to_bytes_tensor(obj):
     return tf.constant(np.frombuffer(pickle.dumps(obj), dtype=np.uint8))
 

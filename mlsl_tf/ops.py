@@ -6,7 +6,7 @@ import threading
 import tensorflow as tf
 
 from mlsl_tf import _library
-from mlsl_tf.basics import rank, size
+from mlsl_tf.basics import local_rank, local_size, rank, size
 from mlsl_tf.compression import Compression
 
 # Reduction ops; the numbers are Horovod's and are the C++ core's ReduceOp values.
@@ -234,6 +234,27 @@ def join():
     in eager mode, an int32 tensor inside a tf.function."""
     last = _ops().mlsl_join()
     return int(last) if tf.executing_eagerly() else last
+
+
+def rank_op(name=None):
+    """This process's rank as an int32 scalar tensor (Horovod's rank_op; the world is fixed, so
+    the value is known when the graph is built)."""
+    return tf.constant(rank(), tf.int32, name=name)
+
+
+def local_rank_op(name=None):
+    """This process's rank on its machine as an int32 scalar tensor."""
+    return tf.constant(local_rank(), tf.int32, name=name)
+
+
+def size_op(process_set_id=0, name=None):
+    """The number of ranks (of group `process_set_id`) as an int32 scalar tensor."""
+    return tf.constant(_group_rank_and_size(process_set_id)[1], tf.int32, name=name)
+
+
+def local_size_op(name=None):
+    """The number of ranks on this machine as an int32 scalar tensor."""
+    return tf.constant(local_size(), tf.int32, name=name)
 
 
 # ---- gradients ------------------------------------------------------------------------------

@@ -199,6 +199,7 @@ void Runtime::RaisePriority() {
 }
 
 void Runtime::Loop() {
+  pthread_setname_np(pthread_self(), "mlsl_tf_comm");  // as `top -H` and /proc show it
   SetLogRank(rank_);
   PinToCommCore();
   RaisePriority();

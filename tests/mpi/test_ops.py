@@ -278,3 +278,22 @@ def test_tf1_graph_and_session():
     np.testing.assert_array_equal(gathered, [[1.0 + r, 2.0] for r in range(N)])
     np.testing.assert_array_equal(bcast, [float(N), 2.0])
     np.testing.assert_array_equal(grouped[1], [2 * ranks_sum, 4.0 * N])
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_rank_and_size_ops(mode):
+    got = run(mode, lambda: tf.stack([hvd.rank_op(), hvd.size_op(), hvd.local_rank_op(), hvd.local_size_op()]))
+    assert got.dtype == tf.int32
+    assert got.numpy().tolist() == [R, N, hvd.local_rank(), hvd.local_size()]
+
+
+def test_broadcast_global_variables_in_a_tf1_graph():
+    with tf.Graph().as_default():
+        v = tf.compat.v1.get_variable("w", initializer=tf.constant([float(R), 1.0 + R]))
+        sync = hvd.broadcast_global_variables(N - 1)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(sync)
+            assert sess.run(v).tolist() == [float(N - 1), float(N)]
+    with pytest.raises(RuntimeError, match="broadcast_variables"):
+        hvd.broadcast_global_variables(0)

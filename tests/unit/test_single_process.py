@@ -256,6 +256,11 @@ HOROVOD_SIGNATURES = {
     "broadcast_variables": ["variables", "root_rank"],
     "broadcast_object": ["obj", "root_rank", "session", "name", "process_set"],
     "allgather_object": ["obj", "session", "name", "process_set"],
+    "broadcast_global_variables": ["root_rank"],
+    "rank_op": ["name"],
+    "local_rank_op": ["name"],
+    "size_op": ["process_set_id", "name"],
+    "local_size_op": ["name"],
 }
 
 
