@@ -16,13 +16,15 @@ _EXPORTS = {
                        "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
                        "shutdown", "size"],
     "mlsl_tf.compression": ["Compression"],
-    "mlsl_tf.functions": ["allgather_object", "broadcast_global_variables", "broadcast_object", "broadcast_variables"],
+    "mlsl_tf.functions": ["allgather_object", "broadcast_", "broadcast_global_variables", "broadcast_object",
+                          "broadcast_object_fn", "broadcast_variables"],
     "mlsl_tf.groups": ["Group", "ProcessSet", "add_process_set", "global_process_set", "process_set_by_id",
                        "process_sets", "remove_process_set"],
     "mlsl_tf.optimizer": ["DistributedOptimizer"],
-    "mlsl_tf.tape": ["DistributedGradientTape"],
+    "mlsl_tf.tape": ["DistributedGradientTape", "PartialDistributedGradientTape"],
+    "mlsl_tf.keras.sync_batch_norm": ["SyncBatchNormalization"],
     "mlsl_tf.ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "alltoall",
-                    "barrier", "broadcast", "grouped_allreduce", "join", "local_rank_op", "local_size_op",
+                    "barrier", "broadcast", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",
                     "rank_op", "reducescatter", "size_op"],
 }
 # submodules reachable as attributes (mlsl_tf.groups.grid, mlsl_tf.parallel.all_gather)

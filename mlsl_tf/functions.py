@@ -44,6 +44,15 @@ def broadcast_variables(variables, root_rank, process_set=None):
     _broadcast()
 
 
+def broadcast_(variables, root_rank, name=None, process_set=None):
+    """In place, as Horovod's broadcast_: every variable takes root_rank's value (eager or inside
+    a tf.function); returns the variables' new values."""
+    name = name or "mlsl.broadcast_"
+    for i, v in enumerate(variables):
+        v.assign(ops.broadcast(v, root_rank, name=f"{name}.{i}", process_set=process_set))
+    return [v.read_value() for v in variables]
+
+
 def broadcast_global_variables(root_rank):
     """TF1-style graphs: an op that assigns root_rank's value to every global variable, as in
     Horovod. Eager execution has no global variables: use broadcast_variables(model.variables)."""
@@ -70,6 +79,13 @@ def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None
         payload = tf.zeros([int(length.numpy()[0])], tf.uint8)
     data = ops.broadcast(payload, root_rank, name=name + ".data", process_set=process_set)
     return pickle.loads(data.numpy().tobytes())
+
+
+def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
+    """A function that broadcasts an object from root_rank (Horovod's broadcast_object_fn)."""
+    def broadcast(obj):
+        return broadcast_object(obj, root_rank, session, name, process_set)
+    return broadcast
 
 
 def allgather_object(obj, session=None, name=None, process_set=None):

@@ -116,13 +116,17 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     if isinstance(tensor, tf.IndexedSlices):
         if op not in (Average, Sum):
             raise NotImplementedError("IndexedSlices gradients support only Sum and Average")
+        if prescale_factor != 1.0 or postscale_factor != 1.0:
+            raise NotImplementedError("prescale_factor and postscale_factor are not supported for IndexedSlices "
+                                      "(as in Horovod): scale the values before or after the allreduce")
         values = allgather(tensor.values, name=None if name is None else name + ".values", process_set=process_set,
                            ignore_name_scope=ignore_name_scope, priority=priority)
         indices = allgather(tensor.indices, name=None if name is None else name + ".indices",
                             process_set=process_set, ignore_name_scope=ignore_name_scope, priority=priority)
-        scale = prescale_factor * postscale_factor / (_group_rank_and_size(process_set)[1] if op == Average else 1)
-        if scale != 1.0:
-            values = values * tf.cast(scale, values.dtype)
+        if op == Average:
+            # integers divide as Horovod's do (floor division), not multiply by 1/size (which is 0)
+            count = _group_rank_and_size(process_set)[1]
+            values = values // count if values.dtype.is_integer else values / tf.cast(count, values.dtype)
         return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
@@ -195,13 +199,17 @@ def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set
 
 def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
     """Sends splits[r] rows of `tensor` to rank r (equal parts when splits is None).
-    Returns (received tensor, received_splits). With `group` (alias of `process_set`), splits
-    has one entry per member, in group-rank order."""
+    Returns, as Horovod does, the received tensor, and with `splits` given the pair (received
+    tensor, received_splits). With `group` (alias of `process_set`), splits has one entry per
+    member, in group-rank order."""
     process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
-    splits = tf.zeros([0], tf.int32) if splits is None else tf.cast(tf.convert_to_tensor(splits), tf.int32)
-    return _ops().mlsl_alltoall(tensor, splits, _tensor_name(name, "MlslAlltoall", ignore_name_scope),
-                                priority=priority, process_set_id=_group_id(process_set))
+    given = splits is not None
+    splits = tf.cast(tf.convert_to_tensor(splits), tf.int32) if given else tf.zeros([0], tf.int32)
+    received, received_splits = _ops().mlsl_alltoall(
+        tensor, splits, _tensor_name(name, "MlslAlltoall", ignore_name_scope), priority=priority,
+        process_set_id=_group_id(process_set))
+    return (received, received_splits) if given else received
 
 
 def reducescatter(tensor, device_dense="", compression=Compression.none, op=Average, name=None, process_set=None,
@@ -220,6 +228,26 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
         priority=priority, process_set_id=_group_id(process_set), wire_dtype=compression.wire)
     return compression.decompress(out, ctx)
+
+
+def _member_name(name, i):
+    return None if name is None else f"{name}.{i}"
+
+
+def grouped_allgather(tensors, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
+    """allgather of each tensor of a list (Horovod's grouped_allgather); the collectives are
+    negotiated one by one and run back to back, not fused."""
+    return [allgather(t, name=_member_name(name, i), ignore_name_scope=ignore_name_scope, process_set=process_set,
+                      priority=priority, group=group) for i, t in enumerate(tensors)]
+
+
+def grouped_reducescatter(tensors, device_dense="", compression=Compression.none, op=Average, process_set=None,
+                          prescale_factor=1.0, postscale_factor=1.0, name=None, ignore_name_scope=False, priority=0,
+                          group=None):
+    """reducescatter of each tensor of a list (Horovod's grouped_reducescatter); negotiated one by
+    one and run back to back, not fused."""
+    return [reducescatter(t, device_dense, compression, op, _member_name(name, i), process_set, ignore_name_scope,
+                          prescale_factor, postscale_factor, priority, group) for i, t in enumerate(tensors)]
 
 
 def barrier(process_set=None, name=None, group=None):

@@ -131,6 +131,7 @@ class _DistributedOptimizer:
     _mlsl_average_aggregated = False
 
     _mlsl_cross_iteration = None
+    _mlsl_scale_local = True
 
     def build(self, variables):
         super().build(variables)
@@ -175,6 +176,29 @@ class _DistributedOptimizer:
     def _mlsl_index_of(self, variable):
         return self._get_variable_index(variable)
 
+    def register_local_var(self, var):
+        """Marks `var` as this rank's own (Horovod's register_local_var): its gradient is not
+        reduced, only divided by the group's size (scale_local_gradients) or applied as is. An
+        optimizer with local variables applies its updates within the step."""
+        self.__dict__.setdefault("_mlsl_local_vars", set()).add(id(var))
+
+    def _mlsl_reduce(self, grads, variables, indices):
+        """The gradients reduced over the ranks, except those of local variables."""
+        mine = self.__dict__.get("_mlsl_local_vars", set())
+        is_local = [id(v) in mine for v in variables]
+        shared = [None if local else g for g, local in zip(grads, is_local)]
+        out = self._mlsl_options.reduce(shared, indices, self._mlsl_index_of)
+        count = ops._group_rank_and_size(self._mlsl_options.process_set)[1] if self._mlsl_scale_local else 1
+        for p, local in enumerate(is_local):
+            g = grads[p]
+            if local and g is not None:
+                if count != 1 and isinstance(g, tf.IndexedSlices):
+                    g = tf.IndexedSlices(g.values / tf.cast(count, g.values.dtype), g.indices, g.dense_shape)
+                elif count != 1:
+                    g = tf.convert_to_tensor(g) / tf.cast(count, g.dtype)
+                out[p] = g
+        return out
+
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)
         if not grads:
@@ -196,11 +220,11 @@ class _DistributedOptimizer:
         check_reduction_group(variables, self._mlsl_options.process_set)
         if self._mlsl_passes <= 1:
             deferral = self.__dict__.get("_mlsl_deferral")
-            if deferral is not None and not deferral.fresh_in_this_graph(variables):
+            if deferral is not None and not self.__dict__.get("_mlsl_local_vars") \
+                    and not deferral.fresh_in_this_graph(variables):
                 options = self._mlsl_options
                 return deferral.apply([(g, v, options, i) for g, v, i in zip(grads, variables, indices)])
-            reduced = self._mlsl_options.reduce(grads, indices, self._mlsl_index_of)
-            return super().apply(reduced, variables)
+            return super().apply(self._mlsl_reduce(grads, variables, indices), variables)
         return self._mlsl_accumulate_and_apply(grads, variables, indices, super().apply)
 
     def _mlsl_accumulate_and_apply(self, grads, variables, indices, parent_apply):
@@ -219,7 +243,7 @@ class _DistributedOptimizer:
             local = [None if g is None else acc.read_value() for g, acc in zip(grads, accumulators)]
             if self._mlsl_average_aggregated:
                 local = [None if a is None else a / tf.cast(k, a.dtype) for a in local]
-            parent_apply(self._mlsl_options.reduce(local, indices, self._mlsl_index_of), variables)
+            parent_apply(self._mlsl_reduce(local, variables, indices), variables)
             for g, acc in zip(grads, accumulators):
                 if g is not None:
                     acc.assign(tf.zeros_like(acc))
@@ -245,7 +269,8 @@ def _base_class(optimizer):
     return cls
 
 
-def _distributed_class(base, options, backward_passes_per_step, average_aggregated_gradients, cross_iteration):
+def _distributed_class(base, options, backward_passes_per_step, average_aggregated_gradients, cross_iteration,
+                       scale_local_gradients=True):
     """A subclass of `base` with the reducing apply(), named and placed like `base` so that
     Keras serializes it as `base`."""
     return type(base.__name__, (_DistributedOptimizer, base), {
@@ -256,6 +281,7 @@ def _distributed_class(base, options, backward_passes_per_step, average_aggregat
         "_mlsl_passes": int(backward_passes_per_step),
         "_mlsl_average_aggregated": bool(average_aggregated_gradients),
         "_mlsl_cross_iteration": cross_iteration,
+        "_mlsl_scale_local": bool(scale_local_gradients),
     })
 
 
@@ -271,7 +297,8 @@ def _copy_state(source, target):
 def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
                          sparse_as_dense=False, backward_passes_per_step=1, op=ops.Average,
                          gradient_predivide_factor=1.0, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=None, group=None, cross_iteration=None, _in_place=False):
+                         groups=None, process_set=None, scale_local_gradients=True, group=None, cross_iteration=None,
+                         _in_place=False):
     """Returns a copy of the Keras 3 `optimizer` (same class, config and, if built, state) whose
     `apply`/`apply_gradients` first reduce the gradients over all ranks.
 
@@ -285,6 +312,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     num_groups / groups: an int n fuses the gradients into n grouped allreduces; a list of lists
         of variables fuses each list's gradients into one.
     process_set (or its alias group): reduce within this group of ranks only.
+    scale_local_gradients: the gradients of variables registered with register_local_var are
+        divided by the group's size (as Horovod does), or with False applied as they are.
     device_dense / device_sparse: accepted for Horovod compatibility (mlsl_tf reduces on the host).
     cross_iteration: apply each variable's update just before its next access (the next step's
         forward pass), so the reductions overlap the next step; same weights after every step
@@ -296,7 +325,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                             gradient_predivide_factor, num_groups, groups, process_set if group is None else group,
                             device_dense, device_sparse)
     cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
-                             cross_iteration)
+                             cross_iteration, scale_local_gradients)
     if _in_place:
         optimizer.__class__ = cls
         if optimizer.built:

@@ -174,7 +174,7 @@ def all_reduce(x, group=None, op=Sum, name=None):
 
 
 def _all_to_all(x, split_axis, concat_axis, group, k, name, what):
-    received, _ = ops.alltoall(_to_front(x, split_axis), name=name, process_set=group)
+    received = ops.alltoall(_to_front(x, split_axis), name=name, process_set=group)
     if split_axis == concat_axis:
         y = _from_front(received, split_axis)
         y.set_shape(x.shape)

@@ -24,14 +24,32 @@ class _DistributedGradientTape:
         for p, s in enumerate(flat_sources):
             position.setdefault(_key(s), p)
         options = self._mlsl_options
-        reduced = options.reduce(flat_grads, list(range(len(flat_grads))), lambda v: position.get(_key(v), -1))
+        mine = self.__dict__.get("_mlsl_local_sources", set())
+        is_local = [_key(s) in mine for s in flat_sources]
+        shared = [None if local else g for g, local in zip(flat_grads, is_local)]
+        reduced = options.reduce(shared, list(range(len(flat_grads))), lambda v: position.get(_key(v), -1))
         if not tf.executing_eagerly() and not options.groups and overlap.enabled(self._mlsl_cross_iteration):
             # A Keras optimizer applying these unchanged may defer the reduction and the update
             # to the next step (mlsl_tf/overlap.py).
             for p, (local, out) in enumerate(zip(flat_grads, reduced)):
                 if out is not None and not isinstance(local, tf.IndexedSlices) and _is_variable(flat_sources[p]):
                     overlap.offer(out, local, options, p)
+        for p, local in enumerate(is_local):
+            if local and flat_grads[p] is not None:
+                reduced[p] = _scaled_local(flat_grads[p], options) if self._mlsl_scale_local else flat_grads[p]
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
+
+    def register_local_source(self, source):
+        """Marks `source` (a variable) as this rank's own: its gradient is not reduced, only
+        divided by the group's size (scale_local_gradients, as Horovod does) or returned as is."""
+        self.__dict__.setdefault("_mlsl_local_sources", set()).add(_key(source))
+
+
+def _scaled_local(grad, options):
+    count = ops._group_rank_and_size(options.process_set)[1]
+    if isinstance(grad, tf.IndexedSlices):
+        return tf.IndexedSlices(grad.values / tf.cast(count, grad.values.dtype), grad.indices, grad.dense_shape)
+    return grad / tf.cast(count, grad.dtype)
 
 
 @functools.lru_cache(maxsize=None)
@@ -54,7 +72,8 @@ def _key(x):
 
 def DistributedGradientTape(tape, device_dense="", device_sparse="", compression=Compression.none,
                             sparse_as_dense=False, op=ops.Average, gradient_predivide_factor=1.0, num_groups=0,
-                            groups=None, process_set=None, group=None, name=None, cross_iteration=None):
+                            groups=None, process_set=None, scale_local_gradients=True, group=None, name=None,
+                            cross_iteration=None):
     """Returns `tape` (a tf.GradientTape, recorded or not yet entered) as a tape of the same class
     whose `gradient(target, sources)` reduces each gradient over all ranks; source i's gradient
     gets priority i, so list the sources in forward order (model.trainable_variables does).
@@ -84,4 +103,21 @@ def DistributedGradientTape(tape, device_dense="", device_sparse="", compression
     wrapped.__dict__.update(tape.__dict__)
     wrapped._mlsl_options = options
     wrapped._mlsl_cross_iteration = cross_iteration
+    wrapped._mlsl_scale_local = scale_local_gradients
     return wrapped
+
+
+def PartialDistributedGradientTape(gradtape, device_dense="", device_sparse="", compression=Compression.none,
+                                   sparse_as_dense=False, op=ops.Average, gradient_predivide_factor=1.0,
+                                   num_groups=0, groups=None, process_set=None, local_layers=None,
+                                   scale_local_gradients=True, **kwargs):
+    """DistributedGradientTape whose `local_layers`' trainable weights are this rank's own
+    (register_local_source): their gradients are not reduced (Horovod's
+    PartialDistributedGradientTape, e.g. for a layer that is different on every rank)."""
+    tape = DistributedGradientTape(gradtape, device_dense, device_sparse, compression, sparse_as_dense, op,
+                                   gradient_predivide_factor, num_groups, groups, process_set,
+                                   scale_local_gradients, **kwargs)
+    for layer in local_layers or []:
+        for v in layer.trainable_weights:
+            tape.register_local_source(v)
+    return tape

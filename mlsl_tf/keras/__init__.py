@@ -27,6 +27,24 @@ def init(*args, **kwargs):
     set_progress_output(0)
 
 
+def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sparse="", compression=Compression.none,
+                                sparse_as_dense=False, gradient_predivide_factor=1.0, op=Average,
+                                backward_passes_per_step=1, average_aggregated_gradients=False, groups=None,
+                                process_set=None, local_layers=None, scale_local_gradients=True, **kwargs):
+    """DistributedOptimizer whose `local_layers`' trainable weights are this rank's own
+    (register_local_var): their gradients are not reduced (Horovod's PartialDistributedOptimizer)."""
+    opt = DistributedOptimizer(optimizer, name=name, device_dense=device_dense, device_sparse=device_sparse,
+                               compression=compression, sparse_as_dense=sparse_as_dense,
+                               gradient_predivide_factor=gradient_predivide_factor, op=op,
+                               backward_passes_per_step=backward_passes_per_step,
+                               average_aggregated_gradients=average_aggregated_gradients, groups=groups,
+                               process_set=process_set, scale_local_gradients=scale_local_gradients, **kwargs)
+    for layer in local_layers or []:
+        for v in layer.trainable_weights:
+            opt.register_local_var(v)
+    return opt
+
+
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, **kwargs):
     """Loads a model saved with `model.save` (.keras) and makes its optimizer distributed, state
     included: the optimizer loaded by Keras becomes a DistributedOptimizer in place, so iteration
@@ -46,7 +64,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 
 __all__ = [
-    "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min", "Product", "Sum",
+    "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min",
+    "PartialDistributedOptimizer", "Product", "Sum",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
     "broadcast_variables", "callbacks", "cross_rank", "cross_size", "grouped_allreduce", "init", "is_distributed",
     "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_threads_supported", "rank",

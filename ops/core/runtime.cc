@@ -590,7 +590,8 @@ bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
         break;
       case Decision::kError:
         cached_ids_.erase(d.name);
-        if (it != pending_.end() && it->second.state == Local::kAnnounced) Finish(d.name, Status::InvalidArgument(d.error));
+        // FailedPrecondition, as Horovod reports what the ranks' submissions do not allow
+        if (it != pending_.end() && it->second.state == Local::kAnnounced) Finish(d.name, Status::FailedPrecondition(d.error));
         break;
       case Decision::kAgreed: {
         const RequestMeta& meta = coordinator_.meta(d.id);

@@ -9,8 +9,8 @@ namespace mlsl {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument = 1,    // the caller's input is wrong (or ranks disagree about it)
-  kFailedPrecondition = 2, // e.g. used before init
+  kInvalidArgument = 1,    // the caller's input is wrong (checked on this rank alone)
+  kFailedPrecondition = 2, // used before init; the ranks' submissions disagree or one is invalid
   kAborted = 3,            // shut down, or a peer shut down, while the request was pending
   kInternal = 4,           // MPI or the runtime itself failed
 };

@@ -134,7 +134,7 @@ def test_wire_dtype_env_default_and_ranks_must_agree():
         y = hvd.allreduce(tf.constant(xs[R]), op=hvd.Sum, name="env_wire").numpy()
         np.testing.assert_array_equal(y, emulate(xs))
         # An explicit wire on one rank only is a disagreement: an error on every rank, not a hang.
-        with pytest.raises(tf.errors.InvalidArgumentError, match="wire dtype"):
+        with pytest.raises(tf.errors.FailedPreconditionError, match="wire dtype"):
             hvd.ops._ops().mlsl_allreduce(tf.constant(xs[R]), "wire_mismatch", reduce_op=hvd.Sum,
                                           wire_dtype="bfloat16" if R == 0 else "none")
     finally:

@@ -89,3 +89,28 @@ def test_reducescatter_gradient(mode, op):
     if op == hvd.Average:
         want = want / N
     np.testing.assert_allclose(g.numpy(), want, rtol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_local_sources_are_not_reduced(scale):
+    shared, local = tf.Variable(1.0), tf.Variable(1.0)
+    with tf.GradientTape() as tape:
+        loss = float(R + 1) * shared + float(R + 1) * local
+    tape = hvd.DistributedGradientTape(tape, scale_local_gradients=scale)
+    tape.register_local_source(local)
+    g_shared, g_local = tape.gradient(loss, [shared, local])
+    assert float(g_shared) == pytest.approx((N + 1) / 2)  # averaged over ranks
+    assert float(g_local) == pytest.approx((R + 1) / N if scale else R + 1)  # this rank's own
+
+
+def test_partial_tape_keeps_local_layers_local():
+    import keras
+    common, mine = keras.layers.Dense(1, use_bias=False), keras.layers.Dense(1, use_bias=False)
+    x = tf.ones([1, 1]) * float(R + 1)
+    common.build((None, 1)), mine.build((None, 1))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(common(x) + mine(x))
+    tape = hvd.PartialDistributedGradientTape(tape, local_layers=[mine])
+    g_common, g_mine = tape.gradient(loss, [common.kernel, mine.kernel])
+    assert float(g_common[0, 0]) == pytest.approx((N + 1) / 2)
+    assert float(g_mine[0, 0]) == pytest.approx((R + 1) / N)

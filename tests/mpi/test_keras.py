@@ -339,3 +339,44 @@ def test_top_level_init_in_a_keras_script_keeps_progress_on_rank_0(capfd):
         assert ("loss:" in out) == (R == 0), out
     finally:
         hvd.set_progress_output(0)
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "fit"])
+def test_partial_optimizer_keeps_local_layers_local(graph):
+    # a shared layer and a rank-local head: the head's update is this rank's gradient / size, the
+    # shared layer's the average; SGD(1.0) makes the weight change equal the applied gradient
+    r, n = hvd.rank(), hvd.size()
+    shared, head = keras.layers.Dense(1, use_bias=False, kernel_initializer="ones"), \
+        keras.layers.Dense(1, use_bias=False, kernel_initializer="ones")
+    model = keras.Sequential([keras.Input((1,)), shared, head])
+    opt = hvd.PartialDistributedOptimizer(keras.optimizers.SGD(1.0), local_layers=[head])
+    x, y = np.full([1, 1], float(r + 1), np.float32), np.zeros([1, 1], np.float32)
+    if graph:
+        model.compile(optimizer=opt, loss=lambda t, p: keras.ops.sum(p))
+        model.fit(x, y, epochs=1, batch_size=1, verbose=0)
+    else:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(model(x))
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    # d loss / d shared = head * x = r + 1; d loss / d head = shared * x = r + 1
+    np.testing.assert_allclose(shared.kernel.numpy(), [[1.0 - (n + 1) / 2]], rtol=1e-6)
+    np.testing.assert_allclose(head.kernel.numpy(), [[1.0 - (r + 1) / n]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("masked", [False, True], ids=["plain", "masked"])
+def test_sync_batch_norm_uses_the_global_batch(masked):
+    import mlsl_tf
+    r, n = hvd.rank(), hvd.size()
+    rng = np.random.default_rng(7)
+    data = [rng.normal(loc=3.0 * k, scale=1.0 + k, size=(2 + k, 5, 3)).astype(np.float32) for k in range(n)]
+    masks = [np.arange(5)[None, :].repeat(2 + k, 0) < 3 + (k % 2) for k in range(n)]  # [batch, 5] per rank
+    layer = mlsl_tf.SyncBatchNormalization(momentum=0.0, epsilon=1e-3)
+    out = layer(data[r], training=True, mask=masks[r] if masked else None).numpy()
+    every = np.concatenate([d.reshape(-1, 3) for d in data])
+    if masked:
+        every = np.concatenate([d[m].reshape(-1, 3) for d, m in zip(data, masks)])
+    mean, var = every.mean(0), every.var(0)
+    np.testing.assert_allclose(layer.moving_mean.numpy(), mean, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(layer.moving_variance.numpy(), var, rtol=1e-4, atol=1e-4)
+    if not masked:
+        np.testing.assert_allclose(out, (data[r] - mean) / np.sqrt(var + 1e-3), rtol=1e-4, atol=1e-4)

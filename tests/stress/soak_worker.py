@@ -43,7 +43,6 @@ def one(i, name):
         return np.array_equal(y.numpy(), np.full(k, i * 10 + root))
     if kind == 3:
         y = hvd.alltoall(fill([N * 2], i * 10 + R, np.int32), name=name)
-        y = y[0] if isinstance(y, tuple) else y
         return np.array_equal(y.numpy(), np.repeat([i * 10 + r for r in range(N)], 2))
     if kind == 4:
         y = hvd.reducescatter(fill([N * 3], i + R, np.float32), op=hvd.Sum, name=name)

@@ -24,6 +24,7 @@ FLOORS = {
     "mlsl_tf.tape": 7,          # DistributedGradientTape
     "mlsl_tf.keras.layers": 8,
     "mlsl_tf.keras.callbacks": 8,
+    "mlsl_tf.keras.sync_batch_norm": 8,
     "mlsl_tf.keras": 9,
     "mlsl_tf": 10,              # the package: lazy exports of everything
 }
