@@ -136,10 +136,10 @@ def rank_statuses(status_dir: str, num_proc: int) -> list[task.RankStatus]:
         s = task.read_status(task.status_path(status_dir, r))
         if s is None:
             failure = task.read_failure(task.failure_path(status_dir, r))
-            failure_pid = _read_json(task.failure_path(status_dir, r)).get("pid")
             if failure:
                 start = _read_json(task.start_marker_path(status_dir, r))
-                s = task.RankStatus(rank=r, host=str(start.get("host", "?")), pid=int(failure_pid or start.get("pid", 0)),
+                pid = failure.pop("pid") or int(start.get("pid", 0))
+                s = task.RankStatus(rank=r, host=str(start.get("host", "?")), pid=pid,
                                     exitcode=1, signal=None, forwarded=None, time=failure["failed_at"], **failure)
         if s is not None:
             out.append(s)

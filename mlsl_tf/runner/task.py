@@ -208,13 +208,14 @@ def failure_path(status_dir: str, rank: int) -> str:
 
 
 def read_failure(path: str) -> dict:
-    """The fields mlsl_tf's failure record adds to a RankStatus ({} when there is none)."""
+    """The fields mlsl_tf's failure record adds to a RankStatus, and its "pid" ({} when there
+    is no readable record)."""
     try:
         with open(path) as f:
             record = json.load(f)
         return {"failed_at": float(record["time"]), "error": str(record.get("error") or "") or None,
-                "caused_by_peer": bool(record.get("caused_by_peer"))}
-    except (OSError, ValueError, TypeError, KeyError):
+                "caused_by_peer": bool(record.get("caused_by_peer")), "pid": int(record.get("pid") or 0)}
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
         return {}
 
 
@@ -399,6 +400,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         signal.signal(sig, child.forward)
     code = child.wait()
     failure = read_failure(failure_path(ns.status_dir, rank)) if ns.status_dir is not None and code != 0 else {}
+    failure.pop("pid", None)  # the child's own pid is known here
     forwarded = child.forwarded
     if failure and code < 0 and forwarded is not None:
         # It had raised and was exiting (code 1) when the launcher, stopping the job because of

@@ -54,6 +54,12 @@ const char* OpTypeName(OpType op) {
   return "?";
 }
 
+std::string RankList(const std::vector<int>& ranks) {
+  std::string s;
+  for (size_t i = 0; i < ranks.size(); ++i) s += (i ? ", " : "") + std::to_string(ranks[i]);
+  return s;
+}
+
 std::string ShownName(const std::string& name) {
   if (name.size() <= kMaxShownName) return name;
   const size_t head = kMaxShownName * 2 / 3, tail = kMaxShownName - head - 3;

@@ -36,6 +36,8 @@ bool ValidReduceOp(int32_t v);
 
 int64_t NumElements(const Shape& s);
 std::string ShapeString(const Shape& s);
+// "1, 3, 4": ranks for messages.
+std::string RankList(const std::vector<int>& ranks);
 // A collective's name for messages: names longer than kMaxShownName keep their head and tail
 // around "...", so an error about a generated 10 kB name stays one readable line.
 constexpr size_t kMaxShownName = 120;
