@@ -1,4 +1,4 @@
-"""mlslrun: find the MPI, build its command line (argv.py) and run it.
+"""mlslrun: find the MPI, build its command line (argv.py, launchers.py) and run it.
 
 The I/O half of the launcher.  main() parses the command line, finds
 mpiexec (next to this Python first, then on PATH) or srun, asks
@@ -30,8 +30,13 @@ import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
-from mlsl_tf.runner import argv as A
 from mlsl_tf.runner import task
+from mlsl_tf.runner.argv import build_parser, parse_args
+from mlsl_tf.runner.config import HostSlots, RunConfig, UsageError
+from mlsl_tf.runner.hosts import parse_hostfile
+from mlsl_tf.runner.launchers import (Flavour, build_launch_argv, choose_launcher, detect_flavour,
+                                      make_plan, program_name, rank_command)
+from mlsl_tf.runner.rank_env import format_seconds, missing_env
 
 POLL_S = 0.1
 STOP_GRACE_S = 10.0  # after SIGTERM, how long the launcher gets before SIGKILL
@@ -57,9 +62,9 @@ def find_mpiexec(python: str = sys.executable, path: Optional[str] = None) -> Op
     return shutil.which("mpiexec", path=path)
 
 
-def flavour_program(flavour: A.Flavour, mpiexec: str) -> str:
+def flavour_program(flavour: Flavour, mpiexec: str) -> str:
     """The flavour's own launcher beside mpiexec (mpirun, mpiexec.hydra) or mpiexec."""
-    sibling = os.path.join(os.path.dirname(mpiexec), A.program_name(flavour))
+    sibling = os.path.join(os.path.dirname(mpiexec), program_name(flavour))
     return sibling if os.access(sibling, os.X_OK) else mpiexec
 
 
@@ -247,7 +252,7 @@ def _watch(job: _Job, status_dir: str, num_proc: int,
                 missing = sorted(set(range(num_proc)) - started_ranks(status_dir, num_proc))
                 if missing:
                     reason = (f"{format_ranks(missing)} did not start within "
-                              f"{A.format_seconds(start_timeout)} s (--start-timeout); "
+                              f"{format_seconds(start_timeout)} s (--start-timeout); "
                               "stopping the job")
                 deadline = None
             if reason is not None:
@@ -285,21 +290,21 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
 # main.
 
 
-def _read_hosts(cfg: A.RunConfig) -> Optional[tuple[A.HostSlots, ...]]:
+def _read_hosts(cfg: RunConfig) -> Optional[tuple[HostSlots, ...]]:
     if cfg.hostfile is None:
         return cfg.hosts
     try:
         with open(cfg.hostfile) as f:
             text = f.read()
     except OSError as e:
-        raise A.UsageError(f"--hostfile {cfg.hostfile}: {e.strerror}") from None
-    return A.parse_hostfile(text, source=cfg.hostfile)
+        raise UsageError(f"--hostfile {cfg.hostfile}: {e.strerror}") from None
+    return parse_hostfile(text, source=cfg.hostfile)
 
 
-def _launcher(cfg: A.RunConfig, environ: Mapping[str, str]) -> tuple[A.Flavour, str]:
+def _launcher(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[Flavour, str]:
     """(flavour, program) to run; raises RuntimeError when none is usable."""
     srun = shutil.which("srun")
-    kind = A.choose_launcher(cfg.launcher, "SLURM_JOB_ID" in environ, srun is not None)
+    kind = choose_launcher(cfg.launcher, "SLURM_JOB_ID" in environ, srun is not None)
     if kind == "srun":
         if srun is None:
             raise RuntimeError("--launcher srun: srun is not on PATH")
@@ -309,46 +314,46 @@ def _launcher(cfg: A.RunConfig, environ: Mapping[str, str]) -> tuple[A.Flavour, 
         raise RuntimeError(f"no mpiexec next to {sys.executable} or on PATH; install MPI "
                            "(e.g. pip install mpich) or use --launcher srun")
     try:
-        flavour = A.detect_flavour(mpi_version_text(mpiexec))
+        flavour = detect_flavour(mpi_version_text(mpiexec))
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         raise RuntimeError(f"{mpiexec}: {e}") from None
     return flavour, flavour_program(flavour, mpiexec)
 
 
-def plan_argv(cfg: A.RunConfig, environ: Mapping[str, str],
-              status_dir: str) -> tuple[A.Flavour, list[str]]:
+def plan_argv(cfg: RunConfig, environ: Mapping[str, str],
+              status_dir: str) -> tuple[Flavour, list[str]]:
     """Everything before the launch: hosts, launcher, argv.  Raises UsageError
     for bad input, RuntimeError when no launcher is usable."""
     hosts = _read_hosts(cfg)
     flavour, program = _launcher(cfg, environ)
-    rank_cmd = A.rank_command(sys.executable, TASK_PY, cfg, status_dir)
-    plan = A.make_plan(cfg, program, hosts, environ, rank_cmd)
-    return flavour, A.build_launch_argv(flavour, plan)
+    rank_cmd = rank_command(sys.executable, TASK_PY, cfg, status_dir)
+    plan = make_plan(cfg, program, hosts, environ, rank_cmd)
+    return flavour, build_launch_argv(flavour, plan)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """mlslrun's entry point; returns the process exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
     try:
-        cfg = A.parse_args(args)
-    except A.UsageError as e:
-        print(A.build_parser().format_usage(), end="", file=sys.stderr)
+        cfg = parse_args(args)
+    except UsageError as e:
+        print(build_parser().format_usage(), end="", file=sys.stderr)
         _err(f"error: {e}")
         return EXIT_USAGE
     if cfg.show_help:
-        sys.stdout.write(A.build_parser().format_help())
+        sys.stdout.write(build_parser().format_help())
         return 0
     if cfg.check_build:
         return check_build()
     if cfg.output_filename is not None:
         cfg = dataclasses.replace(cfg, output_filename=os.path.abspath(cfg.output_filename))
-    for name in A.missing_env(cfg, os.environ):
+    for name in missing_env(cfg, os.environ):
         _err(f"warning: -x {name}: {name} is not set here, so it is not passed")
     status_dir = tempfile.mkdtemp(prefix="mlslrun-status-")
     try:
         try:
             flavour, launch_argv = plan_argv(cfg, os.environ, status_dir)
-        except A.UsageError as e:
+        except UsageError as e:
             _err(f"error: {e}")
             return EXIT_USAGE
         except RuntimeError as e:

@@ -448,6 +448,6 @@ def test_find_mpiexec_prefers_the_python_sibling(tmp_path):
 
 @needs_mpi
 def test_found_mpiexec_is_recognised():
-    from mlsl_tf.runner import argv
+    from mlsl_tf.runner import launchers
     text = launch.mpi_version_text(launch.find_mpiexec())
-    assert argv.detect_flavour(text) in ("mpich", "openmpi", "intel")
+    assert launchers.detect_flavour(text) in ("mpich", "openmpi", "intel")

@@ -1,0 +1,54 @@
+"""The values mlslrun works with: RunConfig, its parts and UsageError (data only, no I/O).
+
+The runner's bottom floor: it imports no other module of the package.
+"""
+
+import dataclasses
+from typing import Literal, Optional
+
+LauncherChoice = Literal["auto", "mpi", "srun"]
+
+
+class UsageError(ValueError):
+    """A bad mlslrun command line; the message names the offending flag or value."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HostSlots:
+    """One host and how many ranks may run on it (slots >= 1)."""
+
+    host: str
+    slots: int
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """One ``-x`` flag: ``value`` None means pass the launching shell's value."""
+
+    name: str
+    value: Optional[str]
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    """What the user asked mlslrun for, validated (except the hostfile's contents).
+
+    ``num_proc`` is None only when ``check_build`` or ``show_help`` is set.
+    ``hosts`` is the parsed ``-H`` list; ``hostfile`` the path given to
+    ``--hostfile`` (read by launch.py, parsed by hosts.parse_hostfile).
+    ``flag_env`` holds (VAR, value) pairs produced by rank_env.ENV_FLAGS entries.
+    """
+
+    num_proc: Optional[int]
+    command: tuple[str, ...]
+    hosts: Optional[tuple[HostSlots, ...]] = None
+    hostfile: Optional[str] = None
+    env: tuple[EnvSpec, ...] = ()
+    verbose: bool = False
+    output_filename: Optional[str] = None
+    start_timeout: Optional[float] = None
+    launcher: LauncherChoice = "auto"
+    check_build: bool = False
+    show_help: bool = False
+    mpi_args: tuple[str, ...] = ()
+    flag_env: tuple[tuple[str, str], ...] = ()

@@ -1,0 +1,202 @@
+"""Which launcher runs the ranks (MPICH, Open MPI, Intel MPI or srun) and the argv each is given.
+
+Pure functions of their arguments: no file access, no subprocess, no reading of
+``os.environ`` (launch.py runs ``mpiexec --version``, passes its text and the
+environment in, and runs the result).  Every launcher command is an argv list,
+never a shell string.
+"""
+
+import dataclasses
+from typing import Callable, Literal, Mapping, Optional, Sequence
+
+from mlsl_tf.runner.config import HostSlots, LauncherChoice, RunConfig, UsageError
+from mlsl_tf.runner.hosts import allocate, check_slots, format_hosts
+from mlsl_tf.runner.rank_env import resolve_env
+
+# MPI flavours mlslrun can drive; "slurm" means srun, whatever MPI is inside.
+Flavour = Literal["mpich", "openmpi", "intel", "slurm"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LaunchPlan:
+    """Everything a flavour's builder needs; independent of the flavour.
+
+    ``hosts`` is an exact allocation (sum of slots == num_proc) or None for
+    "let the launcher decide" (local run or the SLURM allocation).
+    ``rank_command`` is what every rank runs (task.py wrapping the user command).
+    """
+
+    program: str
+    num_proc: int
+    hosts: Optional[tuple[HostSlots, ...]]
+    env: tuple[tuple[str, str], ...]
+    mpi_args: tuple[str, ...]
+    rank_command: tuple[str, ...]
+
+
+# ---------------------------------------------------------------------------
+# Which MPI / launcher.
+
+
+def detect_flavour(version_text: str) -> Flavour:
+    """The MPI flavour from the output of ``mpiexec --version``.
+
+    Intel MPI is checked before MPICH because its hydra also mentions HYDRA.
+    Raises ValueError quoting the first line when nothing is recognised.
+    """
+    if "Intel(R) MPI Library" in version_text:
+        return "intel"
+    if "Open MPI" in version_text or "OpenRTE" in version_text:
+        return "openmpi"
+    if "HYDRA build details" in version_text:
+        return "mpich"
+    first = version_text.strip().splitlines()[0] if version_text.strip() else "(no output)"
+    raise ValueError("cannot tell which MPI this is from `mpiexec --version`: "
+                     f"{first!r}; expected MPICH (hydra), Open MPI or Intel MPI")
+
+
+def choose_launcher(requested: LauncherChoice, in_slurm_job: bool, have_srun: bool) -> str:
+    """'srun' or 'mpi'.  auto picks srun inside a SLURM job when srun exists."""
+    if requested == "srun":
+        return "srun"
+    if requested == "mpi":
+        return "mpi"
+    return "srun" if in_slurm_job and have_srun else "mpi"
+
+
+def program_name(flavour: Flavour) -> str:
+    """The conventional launcher executable of a flavour (a sibling of mpiexec)."""
+    return {"mpich": "mpiexec", "openmpi": "mpirun", "intel": "mpiexec.hydra",
+            "slurm": "srun"}[flavour]
+
+
+# ---------------------------------------------------------------------------
+# The plan: what every flavour launches.
+
+
+def rank_command(python: str, task_py: str, cfg: RunConfig,
+                 status_dir: Optional[str]) -> tuple[str, ...]:
+    """``[python, task.py, <task options>, '--', user command...]`` run on every rank.
+
+    ``output_filename`` should already be absolute (each rank resolves it in
+    its own working directory otherwise).
+    """
+    opts = ["--num-proc", str(cfg.num_proc)]
+    if cfg.output_filename is not None:
+        opts += ["--output-filename", cfg.output_filename]
+    if status_dir is not None:
+        opts += ["--status-dir", status_dir]
+    return (python, task_py, *opts, "--", *cfg.command)
+
+
+def make_plan(cfg: RunConfig, program: str, hosts: Optional[Sequence[HostSlots]],
+              environ: Mapping[str, str], rank_cmd: Sequence[str]) -> LaunchPlan:
+    """Combine a validated config, resolved hosts and environment into a LaunchPlan.
+
+    ``hosts`` (from -H or the hostfile) is checked against -np and allocated.
+    """
+    assert cfg.num_proc is not None
+    alloc = None
+    if hosts is not None:
+        check_slots(cfg.num_proc, hosts, "--hostfile" if cfg.hostfile else "-H")
+        alloc = allocate(cfg.num_proc, hosts)
+    return LaunchPlan(program=program, num_proc=cfg.num_proc, hosts=alloc,
+                      env=resolve_env(cfg, environ), mpi_args=cfg.mpi_args,
+                      rank_command=tuple(rank_cmd))
+
+
+# ---------------------------------------------------------------------------
+# One argv builder per flavour.
+
+
+def build_mpich_argv(plan: LaunchPlan) -> list[str]:
+    """MPICH hydra: ``mpiexec [-hosts h:n,...] [-genv V X]... [mpi args] -n N cmd``.
+
+    Global options come before the local ``-n``.  Without hosts no -hosts is
+    passed, so hydra runs everything on this machine.
+    """
+    argv = [plan.program]
+    if plan.hosts is not None:
+        argv += ["-hosts", format_hosts(plan.hosts)]
+    for name, value in plan.env:
+        argv += ["-genv", name, value]
+    return argv + [*plan.mpi_args, "-n", str(plan.num_proc), *plan.rank_command]
+
+
+def build_openmpi_argv(plan: LaunchPlan) -> list[str]:
+    """Open MPI: ``mpirun --allow-run-as-root -np N [-H h:n,...] --bind-to none --map-by slot
+    -x V=X... cmd``.
+
+    No binding, so the runtime may pin its progress thread itself; ranks fill
+    hosts slot by slot, and root (containers, CI) may launch, as with horovodrun.
+    """
+    argv = [plan.program, "--allow-run-as-root", "-np", str(plan.num_proc)]
+    if plan.hosts is not None:
+        argv += ["-H", format_hosts(plan.hosts)]
+    argv += ["--bind-to", "none", "--map-by", "slot"]
+    for name, value in plan.env:
+        argv += ["-x", f"{name}={value}"]
+    return argv + [*plan.mpi_args, *plan.rank_command]
+
+
+def build_intel_argv(plan: LaunchPlan) -> list[str]:
+    """Intel MPI: ``mpiexec.hydra [-genv V X]... [mpi args] -n N [-hosts h,... -ppn k] cmd``.
+
+    Intel's -hosts takes no per-host counts, so equal counts use -ppn and
+    unequal ones become an MPMD line ``-n a -host h1 cmd : -n b -host h2 cmd``.
+    """
+    argv = [plan.program]
+    for name, value in plan.env:
+        argv += ["-genv", name, value]
+    argv += list(plan.mpi_args)
+    hosts = plan.hosts
+    if hosts is None:
+        return argv + ["-n", str(plan.num_proc), *plan.rank_command]
+    if len({h.slots for h in hosts}) == 1:
+        return argv + ["-n", str(plan.num_proc), "-hosts", ",".join(h.host for h in hosts),
+                       "-ppn", str(hosts[0].slots), *plan.rank_command]
+    for i, h in enumerate(hosts):
+        if i:
+            argv.append(":")
+        argv += ["-n", str(h.slots), "-host", h.host, *plan.rank_command]
+    return argv
+
+
+def build_srun_argv(plan: LaunchPlan) -> list[str]:
+    """SLURM: ``srun --ntasks=N --kill-on-bad-exit=1 [--nodelist=...] [--export=ALL,V=X]``.
+
+    Hosts need the same rank count on each (srun's --ntasks-per-node);
+    a value containing ',' cannot go through --export and is a UsageError.
+    """
+    argv = [plan.program, f"--ntasks={plan.num_proc}", "--kill-on-bad-exit=1"]
+    if plan.hosts is not None:
+        counts = {h.slots for h in plan.hosts}
+        if len(counts) != 1:
+            raise UsageError("the srun launcher needs the same number of ranks on every "
+                             f"host, got {format_hosts(plan.hosts)}")
+        argv += [f"--nodes={len(plan.hosts)}", f"--ntasks-per-node={counts.pop()}",
+                 "--nodelist=" + ",".join(h.host for h in plan.hosts)]
+    if plan.env:
+        for name, value in plan.env:
+            if "," in value:
+                raise UsageError(f"-x {name}: srun --export cannot carry a value with ',' "
+                                 f"({value!r}); export it in the shell instead")
+        argv.append("--export=" + ",".join(["ALL"] + [f"{n}={v}" for n, v in plan.env]))
+    return argv + [*plan.mpi_args, *plan.rank_command]
+
+
+_BUILDERS: Mapping[str, Callable[[LaunchPlan], list[str]]] = {
+    "mpich": build_mpich_argv,
+    "openmpi": build_openmpi_argv,
+    "intel": build_intel_argv,
+    "slurm": build_srun_argv,
+}
+
+
+def build_launch_argv(flavour: Flavour, plan: LaunchPlan) -> list[str]:
+    """The full launcher argv for ``flavour`` (one of mpich, openmpi, intel, slurm)."""
+    try:
+        builder = _BUILDERS[flavour]
+    except KeyError:
+        raise ValueError(f"unknown MPI flavour {flavour!r}") from None
+    return builder(plan)

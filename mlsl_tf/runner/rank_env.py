@@ -1,0 +1,121 @@
+"""The environment every rank gets: -x specs, flags that only set a variable, and resolving them.
+
+Pure functions of their arguments: no file access, no subprocess, no reading of
+``os.environ`` (callers pass the environment in).
+"""
+
+import dataclasses
+import re
+from typing import Callable, Mapping
+
+from mlsl_tf.runner.config import EnvSpec, RunConfig, UsageError
+
+START_TIMEOUT_ENV = "MLSL_TF_START_TIMEOUT"
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvFlag:
+    """A flag whose only effect is one environment variable on every rank.
+
+    ``convert`` turns the flag's text into the variable's value and raises
+    ValueError on bad input.  Adding such a flag is one entry in ENV_FLAGS.
+    """
+
+    option: str
+    env_var: str
+    convert: Callable[[str], str]
+    help: str
+
+
+def _mb_to_bytes(text: str) -> str:
+    value = float(text)
+    if value < 0:
+        raise ValueError(f"expected a size in MB >= 0, got {text!r}")
+    return str(int(value * 1024 * 1024))
+
+
+def _positive_mb_to_bytes(text: str) -> str:
+    value = float(text)
+    if not value > 0:
+        raise ValueError(f"expected a size in MB > 0, got {text!r}")
+    return str(max(1, int(value * 1024 * 1024)))
+
+
+def _positive_int(text: str) -> str:
+    value = int(text)
+    if value < 1:
+        raise ValueError(f"expected an integer >= 1, got {text!r}")
+    return str(value)
+
+
+def _policy(text: str) -> str:
+    if text not in ("priority", "fifo"):
+        raise ValueError(f"expected 'priority' or 'fifo', got {text!r}")
+    return text
+
+
+def _core_list(text: str) -> str:
+    cores = [c for c in text.split(",") if c]
+    if not cores or not all(c.isdigit() for c in cores):
+        raise ValueError(f"expected a core number or a comma-separated list of them, got {text!r}")
+    return ",".join(cores)
+
+
+def _path(text: str) -> str:
+    if not text:
+        raise ValueError("expected a file path")
+    return text
+
+
+# Flags that only set an environment variable on every rank (the settings of ops/core/settings.cc).
+ENV_FLAGS: tuple[EnvFlag, ...] = (
+    EnvFlag("--fusion-threshold-mb", "MLSL_TF_FUSION_THRESHOLD", _mb_to_bytes,
+            "fuse small allreduces into buffers of up to this many MB (0 = off)"),
+    EnvFlag("--chunk-mb", "MLSL_TF_CHUNK_BYTES", _positive_mb_to_bytes,
+            "cut allreduces into chunks of this many MB; the scheduler re-picks between chunks"),
+    EnvFlag("--inflight", "MLSL_TF_INFLIGHT", _positive_int, "chunks in flight at once"),
+    EnvFlag("--priority", "MLSL_TF_PRIORITY", _policy, "scheduling policy: priority (default) or fifo"),
+    EnvFlag("--comm-core", "MLSL_TF_COMM_CORE", _core_list,
+            "pin each rank's background thread to this core (a list: local rank i gets the (i mod n)-th)"),
+    EnvFlag("--timeline-filename", "MLSL_TF_TIMELINE", _path,
+            "write a Chrome-trace timeline (rank 0; '{rank}' in the name: every rank)"),
+)
+
+
+def parse_env_spec(text: str) -> EnvSpec:
+    """Parse one ``-x`` value: ``VAR`` (pass through) or ``VAR=VAL`` (VAL may be empty)."""
+    name, sep, value = text.partition("=")
+    if not _ENV_NAME.match(name):
+        raise UsageError(f"-x {text!r}: {name!r} is not a valid environment variable name")
+    return EnvSpec(name, value if sep else None)
+
+
+def resolve_env(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+    """The (VAR, value) pairs every rank gets explicitly, in a stable order.
+
+    ``-x VAR`` takes its value from ``environ`` and is skipped when unset there
+    (see missing_env).  Then ENV_FLAGS values, then MLSL_TF_START_TIMEOUT.
+    A later pair for the same VAR replaces an earlier one.
+    """
+    pairs: dict[str, str] = {}
+    for spec in cfg.env:
+        if spec.value is not None:
+            pairs[spec.name] = spec.value
+        elif spec.name in environ:
+            pairs[spec.name] = environ[spec.name]
+    pairs.update(cfg.flag_env)
+    if cfg.start_timeout is not None:
+        pairs[START_TIMEOUT_ENV] = format_seconds(cfg.start_timeout)
+    return tuple(pairs.items())
+
+
+def missing_env(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[str, ...]:
+    """Names given as ``-x VAR`` (no value) that are not set in ``environ``."""
+    return tuple(s.name for s in cfg.env if s.value is None and s.name not in environ)
+
+
+def format_seconds(seconds: float) -> str:
+    """``30`` for 30.0, ``2.5`` for 2.5: the shortest exact text of a duration."""
+    return str(int(seconds)) if float(seconds).is_integer() else repr(float(seconds))
