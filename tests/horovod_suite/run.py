@@ -6,13 +6,17 @@ and none failed, on every rank; it fails when it failed on any rank.
 
 The path is the `test/` folder of a checkout of horovod/horovod at tag v0.28.1 (the PyPI sdist
 has no tests). Each file runs whole, as one `mlslrun -np N` job of pytest on every rank, with
-alias/ on PYTHONPATH so `import horovod.tensorflow as hvd` imports mlsl_tf. skips.py lists the
+alias/ on PYTHONPATH so `import horovod.tensorflow as hvd` imports mlsl_tf. With
+--horovod-python (an interpreter whose venv has Horovod 0.28.1, e.g. on TF 2.15) the same files
+also run against Horovod itself (mpiexec next to that interpreter, no alias, no skip list), for
+its figures on the same machine and rank counts. skips.py lists the
 tests that cannot apply here, with reasons. A job that outlives --timeout is killed and reported
 as a hang, with the methods it never finished. Writes the per-method outcomes as JSON lines to
 --out (default build/horovod_suite/)."""
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import pathlib
@@ -70,17 +74,24 @@ def method_outcomes(prefix, np_):
     return result
 
 
-def run_file(test_dir, test_file, np_, out_dir, timeout, extra):
-    prefix = out_dir / f"{pathlib.Path(test_file).stem}.np{np_}"
+def run_file(test_dir, test_file, np_, out_dir, timeout, extra, horovod_python=None):
+    prefix = out_dir / f"{pathlib.Path(test_file).stem}.np{np_}{'.horovod' if horovod_python else ''}"
     for old in out_dir.glob(f"{prefix.name}.rank*.jsonl"):
         old.unlink()
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE / "alias"), str(test_dir / "utils"), str(HERE),
-                                         env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    paths = [str(test_dir / "utils"), str(HERE)] if horovod_python else [str(HERE / "alias"), str(test_dir / "utils"),
+                                                                          str(HERE)]
+    env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("HOROVOD_TEST_GPU", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    cmd = [sys.executable, "-m", "mlsl_tf.runner", "-np", str(np_), sys.executable, str(HERE / "rank_pytest.py"),
-           test_file, str(prefix), *extra]
+    if horovod_python:
+        env["HVD_SUITE_NO_SKIPS"] = "1"
+        mpiexec = pathlib.Path(horovod_python).parent / "mpiexec"
+        cmd = [str(mpiexec), "-n", str(np_), horovod_python, str(HERE / "rank_pytest.py"), test_file, str(prefix),
+               *extra]
+    else:
+        cmd = [sys.executable, "-m", "mlsl_tf.runner", "-np", str(np_), sys.executable,
+               str(HERE / "rank_pytest.py"), test_file, str(prefix), *extra]
     log = open(f"{prefix}.log", "w")
     start = time.time()
     proc = subprocess.Popen(cmd, cwd=test_dir / "parallel", env=env, stdout=log, stderr=subprocess.STDOUT,
@@ -95,7 +106,7 @@ def run_file(test_dir, test_file, np_, out_dir, timeout, extra):
     seconds = time.time() - start
     outcomes = method_outcomes(prefix, np_)
     for m, (outcome, message) in list(outcomes.items()):
-        if outcome == "failed" and (test_file, m) in DIFFERENT:
+        if outcome == "failed" and (test_file, m) in DIFFERENT and not horovod_python:
             outcomes[m] = ("different", f"deliberate difference: {DIFFERENT[(test_file, m)]} ({message})")
     with open(f"{prefix}.jsonl", "w") as f:
         for m, (outcome, message) in outcomes.items():
@@ -112,6 +123,7 @@ def main():
     p.add_argument("--timeout", type=float, default=1800, help="seconds per file and rank count")
     p.add_argument("--out", type=pathlib.Path, default=ROOT / "build" / "horovod_suite")
     p.add_argument("--verbose", action="store_true", help="list every failed or unfinished method")
+    p.add_argument("--horovod-python", help="also run the files against Horovod itself, with this interpreter")
     argv = sys.argv[1:]
     cut = argv.index("--") if "--" in argv else len(argv)  # after --: pytest's own arguments (-k ...)
     args = p.parse_args(argv[:cut])
@@ -125,20 +137,25 @@ def main():
         p.error(f"the suite needs {', '.join(missing)}: pip install -r {HERE / 'requirements.txt'}")
     args.out.mkdir(parents=True, exist_ok=True)
     totals_ok = True
-    for np_ in [int(n) for n in args.np.split(",")]:
-        for test_file in args.files.split(","):
-            outcomes, seconds, hung, rc = run_file(test_dir, test_file, np_, args.out, args.timeout, args.pytest_args)
-            counts = collections.Counter(o for o, _ in outcomes.values())
-            listed = sum(1 for (f, m) in SKIPS if f == test_file and outcomes.get(m, ("",))[0] == "skipped")
-            line = {"file": test_file, "np": np_, "methods": len(outcomes), "passed": counts["passed"],
-                    "failed": counts["failed"], "different": counts["different"], "skipped": counts["skipped"],
-                    "skipped_by_list": listed, "unfinished": counts["unfinished"], "hung": hung,
-                    "seconds": round(seconds, 1)}
-            print(json.dumps(line), flush=True)
+    libraries = [None] + ([args.horovod_python] if args.horovod_python else [])
+    for np_, test_file, horovod_python in itertools.product([int(n) for n in args.np.split(",")],
+                                                            args.files.split(","), libraries):
+        outcomes, seconds, hung, rc = run_file(test_dir, test_file, np_, args.out, args.timeout, args.pytest_args,
+                                               horovod_python)
+        counts = collections.Counter(o for o, _ in outcomes.values())
+        listed = 0 if horovod_python else sum(1 for (f, m) in SKIPS
+                                              if f == test_file and outcomes.get(m, ("",))[0] == "skipped")
+        line = {"library": "horovod" if horovod_python else "mlsl_tf", "file": test_file, "np": np_,
+                "methods": len(outcomes), "passed": counts["passed"],
+                "failed": counts["failed"], "different": counts["different"], "skipped": counts["skipped"],
+                "skipped_by_list": listed, "unfinished": counts["unfinished"], "hung": hung,
+                "seconds": round(seconds, 1)}
+        print(json.dumps(line), flush=True)
+        if not horovod_python:
             totals_ok &= not (hung or counts["failed"] or counts["unfinished"])
-            for m, (outcome, message) in outcomes.items():
-                if outcome in ("failed", "unfinished", "different") and (args.verbose or counts[outcome] <= 40):
-                    print(f"  {outcome:10s} {m}: {message}", flush=True)
+        for m, (outcome, message) in outcomes.items():
+            if outcome in ("failed", "unfinished", "different") and (args.verbose or counts[outcome] <= 40):
+                print(f"  {outcome:10s} {m}: {message}", flush=True)
     return 0 if totals_ok else 1
 
 
