@@ -32,7 +32,7 @@ NEEDS = ("parameterized", "mock", "cloudpickle", "packaging")  # what the suite 
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from skips import DIFFERENT, SKIPS  # noqa: E402
+from skips import DIFFERENT, HOROVOD_FAILS_TOO, SKIPS  # noqa: E402
 
 
 def method_outcomes(prefix, np_):
@@ -108,6 +108,8 @@ def run_file(test_dir, test_file, np_, out_dir, timeout, extra, horovod_python=N
     for m, (outcome, message) in list(outcomes.items()):
         if outcome == "failed" and (test_file, m) in DIFFERENT and not horovod_python:
             outcomes[m] = ("different", f"deliberate difference: {DIFFERENT[(test_file, m)]} ({message})")
+        elif outcome == "failed" and (test_file, m, np_) in HOROVOD_FAILS_TOO and not horovod_python:
+            outcomes[m] = ("horovod_fails_too", f"{HOROVOD_FAILS_TOO[(test_file, m, np_)]} ({message})")
     with open(f"{prefix}.jsonl", "w") as f:
         for m, (outcome, message) in outcomes.items():
             f.write(json.dumps({"file": test_file, "np": np_, "method": m, "outcome": outcome,
@@ -147,14 +149,15 @@ def main():
                                               if f == test_file and outcomes.get(m, ("",))[0] == "skipped")
         line = {"library": "horovod" if horovod_python else "mlsl_tf", "file": test_file, "np": np_,
                 "methods": len(outcomes), "passed": counts["passed"],
-                "failed": counts["failed"], "different": counts["different"], "skipped": counts["skipped"],
+                "failed": counts["failed"], "different": counts["different"],
+                "horovod_fails_too": counts["horovod_fails_too"], "skipped": counts["skipped"],
                 "skipped_by_list": listed, "unfinished": counts["unfinished"], "hung": hung,
                 "seconds": round(seconds, 1)}
         print(json.dumps(line), flush=True)
         if not horovod_python:
             totals_ok &= not (hung or counts["failed"] or counts["unfinished"])
         for m, (outcome, message) in outcomes.items():
-            if outcome in ("failed", "unfinished", "different") and (args.verbose or counts[outcome] <= 40):
+            if outcome in ("failed", "unfinished", "different", "horovod_fails_too") and (args.verbose or counts[outcome] <= 40):
                 print(f"  {outcome:10s} {m}: {message}", flush=True)
     return 0 if totals_ok else 1
 

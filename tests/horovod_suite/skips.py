@@ -51,3 +51,16 @@ DIFFERENT = {
     (_TF, "TensorFlowTests::test_horovod_grouped_reducescatter_grad_cpu"):
         "reducescatter's gradient is the gathered upstream gradient; Horovod's is size() times that",
 }
+
+# Tests whose exact (threshold 0) float comparison does not hold at 3 ranks -- a product or sum
+# of three values against a reference rounded in another order or precision. They fail under
+# Horovod 0.28.1 itself on TF 2.15 at 3 ranks too (run.py --horovod-python, same machine: it
+# fails these and test_horovod_allreduce_average_cpu). The runner labels them, not skips them.
+HOROVOD_FAILS_TOO = {
+    (_TF, f"TensorFlowTests::{name}", 3): "fails under Horovod 0.28.1 at 3 ranks as well (exact float comparison)"
+    for name in ("test_horovod_allreduce_cpu_postscale", "test_horovod_allreduce_cpu_prescale",
+                 "test_horovod_allreduce_product_cpu", "test_horovod_grouped_allreduce_average_cpu",
+                 "test_horovod_grouped_allreduce_mixed_indexed_slices_average_cpu",
+                 "test_horovod_grouped_allreduce_product_cpu", "test_horovod_grouped_reducescatter_cpu_prescale",
+                 "test_horovod_reducescatter_cpu_prescale", "test_horovod_allreduce_average_cpu")
+}
