@@ -91,7 +91,7 @@ build/mlsl_sim: $(SIM_OBJ)
 sim: build/mlsl_sim
 
 # One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout).
-test-unit: venv lib
+test-unit: venv lib sim
 	timeout $(TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 tests/unit
 
 # Each multi-rank file runs under its own timeout: a hang is a failure. Every file runs on 2
