@@ -40,7 +40,8 @@ POLICIES = {
     "bf16": {"fifo": 0, "cross_iteration": 1, "bf16": 1},
 }
 # mlsl_tf's defaults (ops/core/settings.cc): MLSL_TF_CHUNK_BYTES, MLSL_TF_INFLIGHT, MLSL_TF_FUSION_THRESHOLD.
-DEFAULTS = {"chunk_bytes": 1 << 20, "inflight": 4, "fusion_threshold": 1 << 20, "cycle_s": 0, "bf16": 0}
+DEFAULTS = {"chunk_bytes": 1 << 20, "inflight": 4, "fusion_threshold": 1 << 20, "cycle_s": 0.0, "bf16": 0,
+            "interference": 0.0}
 # Memory-bound layers (batch norm, activations, adds, pooling) cost this many FLOP-equivalents
 # per output element: about a tenth of ResNet-50's time on a CPU, as oneDNN profiles show.
 ELEMENTWISE_FLOPS = 30
@@ -200,6 +201,8 @@ def main(argv=None):
     p.add_argument("--bwd-ratio", type=float, default=2.0, help="backward / forward time of a layer")
     p.add_argument("--allreduce", default="auto", choices=["auto", "rd", "rabenseifner", "ring"])
     p.add_argument("--gamma", type=float, default=0.0, help="s per byte of local reduction")
+    p.add_argument("--interference", type=float, help="compute is 1 + this slower while the link carries data "
+                   "(fitted by benchmarks/calibrate_sim.py; default 0: a dedicated communication core)")
     p.add_argument("--chunk-bytes", type=int)
     p.add_argument("--inflight", type=int)
     p.add_argument("--fusion-threshold", type=int)
@@ -215,7 +218,8 @@ def main(argv=None):
         compute = a.batch / a.images_per_s
     layers = timed_layers(table, compute, a.bwd_ratio)
     overrides = {k: v for k, v in (("chunk_bytes", a.chunk_bytes), ("inflight", a.inflight),
-                                   ("fusion_threshold", a.fusion_threshold)) if v is not None}
+                                   ("fusion_threshold", a.fusion_threshold), ("interference", a.interference))
+                 if v is not None}
     binary = find_binary()
     results = []
     for nodes in [int(n) for n in a.nodes.split(",")]:

@@ -159,6 +159,13 @@ double SimNetwork::NextChange(int* sharing) const {
   return next;
 }
 
+bool SimNetwork::link_active() const {
+  for (const auto& [h, op] : ops_) {
+    if (op.latency_end <= now_) return true;
+  }
+  return false;
+}
+
 double SimNetwork::NextEvent() const {
   int k;
   return NextChange(&k);

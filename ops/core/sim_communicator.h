@@ -83,6 +83,8 @@ class SimNetwork : public TimeSource {
   // Moves the clock to t (>= now), completing what finishes by then.
   void AdvanceTo(double t);
   int in_flight() const { return int(ops_.size()); }
+  // Whether some operation is in its link part now.
+  bool link_active() const;
   // Link busy time so far (s): how long at least one operation was in its link part.
   double link_busy() const { return link_busy_; }
 

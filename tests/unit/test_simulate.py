@@ -73,6 +73,14 @@ def test_each_idea_helps_or_is_neutral(binary):
     assert r["bf16"]["link_busy_s"] < r["overlap"]["link_busy_s"]
 
 
+def test_interference_slows_compute_while_the_link_is_busy(binary):
+    alone = run(binary, "overlap")
+    slowed = run(binary, "overlap", overrides={"interference": 0.5})
+    assert slowed["step_s"] > alone["step_s"] and slowed["interference"] == 0.5
+    idle = run(binary, "overlap", rate="1e15B", latency="0us", overrides={"interference": 0.5})
+    assert idle["efficiency"] == pytest.approx(1.0, abs=1e-3)  # a link never busy slows nothing
+
+
 def test_more_nodes_are_not_faster(binary):
     steps = [run(binary, "overlap", nodes=n)["step_s"] for n in (2, 8, 64, 1024)]
     assert steps == sorted(steps)

@@ -34,7 +34,7 @@ std::string Num(double x) {
 
 }  // namespace
 
-bool ParseConfig(std::istream& in, SimConfig* c, std::string* error) {
+bool ParseConfig(std::istream& in, SimConfig* c, std::string* error, bool layers) {
   std::string line;
   int n = 0;
   while (std::getline(in, line)) {
@@ -69,6 +69,7 @@ bool ParseConfig(std::istream& in, SimConfig* c, std::string* error) {
     else if (key == "cross_iteration") { ok = bool(ls >> flag); c->cross_iteration = flag; }
     else if (key == "bf16") { ok = bool(ls >> flag); c->bf16 = flag; }
     else if (key == "cycle_s") ok = bool(ls >> c->cycle_s);
+    else if (key == "interference") ok = bool(ls >> c->interference) && c->interference >= 0;
     else if (key == "steps") ok = bool(ls >> c->steps);
     else if (key == "warmup") ok = bool(ls >> c->warmup);
     else if (key == "timeline") ok = bool(ls >> c->timeline);
@@ -79,7 +80,7 @@ bool ParseConfig(std::istream& in, SimConfig* c, std::string* error) {
       return false;
     }
   }
-  if (c->layers.empty()) *error = "no layers";
+  if (layers && c->layers.empty()) *error = "no layers";
   else if (c->warmup < 0 || c->steps < c->warmup + 2) *error = "need steps >= warmup + 2";
   return error->empty();
 }
@@ -137,7 +138,7 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
   // Compute: task k of a step is forward k (k < L), else backward 2L-1-k.
   const int S = cfg.steps;
   int step = 0, task = 0;
-  double compute_end = -1;
+  double compute_left = -1;  // s of compute at full speed left in the running task; < 0: none
   std::vector<int> outstanding(L, 0);   // gradients of the layer's latest step still reducing
   std::vector<int> reduced(L, -1);      // the latest step whose gradients of this layer are all reduced
   std::vector<double> f0_start(S, 0), bwd_end(S, 0), busy_at(S, 0);
@@ -167,8 +168,8 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
       changed = false;
       const double now = net.now();
       sched.Progress();
-      if (compute_end >= 0 && compute_end <= now) {
-        compute_end = -1;
+      if (compute_left >= 0 && compute_left <= 1e-12) {
+        compute_left = -1;
         if (task >= L) {  // a backward pass ended: its gradients go to the runtime
           const int l = 2 * L - 1 - task;
           submitted_step[l] = step;
@@ -183,7 +184,7 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
         }
         changed = true;
       }
-      if (compute_end < 0 && step < S) {
+      if (compute_left < 0 && step < S) {
         bool ready = true;
         if (task < L && step > 0) ready = cfg.cross_iteration ? reduced[task] >= step - 1 : all_reduced(step - 1);
         if (ready) {
@@ -193,7 +194,7 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
             busy_at[step] = net.link_busy();
             cycles_at[step] = cycles;
           }
-          compute_end = now + (task < L ? layer.fwd : layer.bwd);
+          compute_left = task < L ? layer.fwd : layer.bwd;
           changed = true;
         }
       }
@@ -230,13 +231,17 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
     }
     const bool work = !incoming.empty() || !sched.idle() || cycle;
     if (step >= S && !work) break;
-    double next = std::min(compute_end >= 0 ? compute_end : kInf, net.NextEvent());
+    // Compute slows by 1 + interference while the link carries data (the CPU drives the transfer).
+    const double slow = net.link_active() ? 1 + cfg.interference : 1;
+    double next = std::min(compute_left >= 0 ? net.now() + compute_left * slow : kInf, net.NextEvent());
     if (!cycle && work) next = std::min(next, std::max(cycle_bound, incoming.empty() ? poll_until : 0.0));
     if (!(next < kInf) || next < net.now()) {
       *error = "the simulation stalled at t=" + Num(net.now()) + " s (step " + std::to_string(step) + ")";
       return false;
     }
+    const double before = net.now();
     net.AdvanceTo(next);
+    if (compute_left >= 0) compute_left = next >= before + compute_left * slow ? 0 : compute_left - (next - before) / slow;
   }
 
   const int w = cfg.warmup, intervals = S - 1 - w;
@@ -261,7 +266,7 @@ std::string ResultJson(const SimConfig& c, const SimResult& r) {
      << ", \"cross_iteration\": " << (c.cross_iteration ? "true" : "false")
      << ", \"bf16\": " << (c.bf16 ? "true" : "false") << ", \"chunk_bytes\": " << c.scheduler.chunk_bytes
      << ", \"inflight\": " << c.scheduler.inflight << ", \"fusion_threshold\": " << c.scheduler.fusion_threshold
-     << ", \"cycle_s\": " << Num(c.cycle_s) << ", \"layers\": " << c.layers.size()
+     << ", \"cycle_s\": " << Num(c.cycle_s) << ", \"interference\": " << Num(c.interference) << ", \"layers\": " << c.layers.size()
      << ", \"grad_bytes\": " << r.bytes << ", \"step_s\": " << Num(r.step) << ", \"compute_s\": " << Num(r.compute)
      << ", \"efficiency\": " << Num(r.efficiency) << ", \"exposed_s\": " << Num(r.exposed)
      << ", \"first_layer_exposed_s\": " << Num(r.first_exposed) << ", \"link_busy_s\": " << Num(r.link_busy)

@@ -38,6 +38,7 @@ struct SimConfig {
   bool cross_iteration = true;  // the next forward of layer i waits only for layer i's gradients
   bool bf16 = false;            // gradients travel as bfloat16 (the real wire path: all-to-all + allgather)
   double cycle_s = 0;           // least time between two control cycles (Horovod's cycle time)
+  double interference = 0;      // compute runs 1 + this times slower while the link carries data
   int steps = 6, warmup = 2;    // steps played; steps before `warmup` are not measured
   std::string timeline;         // Chrome-trace of the scheduler on virtual time ("" = none)
   std::string label;            // echoed in the result
@@ -56,8 +57,9 @@ struct SimResult {
   std::string stats;         // the scheduler's counters (Stats::Json)
 };
 
-// Reads "key value" lines and "layer NAME FWD_S BWD_S [BYTES ...]" lines ('#' comments).
-bool ParseConfig(std::istream& in, SimConfig* config, std::string* error);
+// Reads "key value" lines and "layer NAME FWD_S BWD_S [BYTES ...]" lines ('#' comments);
+// `layers`: at least one layer is required.
+bool ParseConfig(std::istream& in, SimConfig* config, std::string* error, bool layers = true);
 // Plays config.steps steps; false with *error when the simulation cannot finish.
 bool RunTraining(const SimConfig& config, SimResult* result, std::string* error);
 // One JSON object: the inputs that matter and the result.
