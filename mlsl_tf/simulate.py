@@ -86,13 +86,14 @@ def timed_layers(table, step_compute=None, bwd_ratio=2.0):
 
 
 def config_text(layers, nodes, bandwidth, latency, policy, ranks_per_host=1, allreduce="auto", gamma=0.0,
-                steps=6, warmup=2, label="", overrides=None):
+                steps=6, warmup=2, label="", overrides=None, codec=0.0):
     """The text mlsl_sim reads (ops/core/sim/training.h: ParseConfig)."""
     keys = dict(DEFAULTS)
     keys.update(POLICIES[policy] if isinstance(policy, str) else policy)
     keys.update(overrides or {})
     lines = [f"label {label or policy}", f"ranks {nodes}", f"ranks_per_host {ranks_per_host}",
-             f"alpha {latency!r}", f"beta {1.0 / bandwidth!r}", f"gamma {gamma!r}", f"allreduce {allreduce}",
+             f"alpha {latency!r}", f"beta {1.0 / bandwidth!r}", f"gamma {gamma!r}", f"codec {codec!r}",
+             f"allreduce {allreduce}",
              f"steps {steps}", f"warmup {warmup}"]
     lines += [f"{k} {v!r}" if isinstance(v, float) else f"{k} {int(v)}" for k, v in sorted(keys.items())]
     for name, fwd, bwd, grads in layers:
@@ -201,6 +202,7 @@ def main(argv=None):
     p.add_argument("--bwd-ratio", type=float, default=2.0, help="backward / forward time of a layer")
     p.add_argument("--allreduce", default="auto", choices=["auto", "rd", "rabenseifner", "ring"])
     p.add_argument("--gamma", type=float, default=0.0, help="s per byte of local reduction")
+    p.add_argument("--codec", type=float, default=0.0, help="CPU s per byte of the bf16 path's encode/reduce/decode")
     p.add_argument("--interference", type=float, help="compute is 1 + this slower while the link carries data "
                    "(fitted by benchmarks/calibrate_sim.py; default 0: a dedicated communication core)")
     p.add_argument("--chunk-bytes", type=int)
@@ -225,7 +227,8 @@ def main(argv=None):
     for nodes in [int(n) for n in a.nodes.split(",")]:
         for policy in a.policies.split(","):
             text = config_text(layers, nodes, parse_rate(a.link), parse_seconds(a.latency), policy,
-                               a.ranks_per_host, a.allreduce, a.gamma, a.steps, overrides=overrides)
+                               a.ranks_per_host, a.allreduce, a.gamma, a.steps, overrides=overrides,
+                               codec=a.codec)
             r = run_config(text, binary)
             r.update(model=table["model"], link=a.link, latency=a.latency)
             r.pop("stats", None)

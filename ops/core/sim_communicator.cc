@@ -93,7 +93,7 @@ SimCost AllgatherCost(const SimFabric& f, int64_t total_bytes) {
   const int p = f.ranks;
   SimCost c;
   if (p <= 1) return c;
-  c.latency = (total_bytes < kShortAllgather ? Log2Ceil(p) : p - 1) * f.alpha;
+  c.latency = (total_bytes < kShortAllgather ? Log2Ceil(p) : p - 1) * f.alpha + total_bytes * f.codec;
   c.link = double(p - 1) / p * total_bytes * f.beta;
   return c;
 }
@@ -103,7 +103,7 @@ SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes) {
   const int r = std::max(1, std::min(f.ranks_per_host, p));
   SimCost c;
   if (p <= 1) return c;
-  c.latency = (p - 1) * f.alpha;
+  c.latency = (p - 1) * f.alpha + sent_bytes * f.codec;
   c.link = double(p - r) / p * sent_bytes * r * f.beta;
   return c;
 }

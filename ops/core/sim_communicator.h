@@ -20,6 +20,7 @@
 //                                    (log2(p) + p-1) alpha + 2 (p-1)/p n beta
 //   reduce-scatter, n bytes in all   (p-1) alpha + (p-1)/p n (beta + gamma)       (pairwise)
 //   barrier                          log2(p) alpha                                 (dissemination)
+//   all-to-all and allgather(v) also pay codec x bytes of latency (the bf16 path's CPU work).
 // Each cost has a latency part (alpha and intra-host terms, gamma) and a link part (beta terms,
 // at the full link). Sharing: operations in their link part progress together, each at 1/k of
 // the link when k are in that part (processor sharing), as chunks on separate communicators
@@ -50,6 +51,9 @@ struct SimFabric {
   double gamma = 0;                  // s per byte reduced (0: not modelled)
   std::string allreduce = "auto";    // auto (MPICH's choice) | rd | rabenseifner | ring
   int64_t short_allreduce = 2048;    // auto: recursive doubling below this many bytes
+  // CPU s per byte of 16-bit data on the compressed path (wire.h): its encode and float32 reduce
+  // before the all-to-all, encode and decode around the allgather; charged to each as latency.
+  double codec = 0;
 };
 
 struct SimCost {

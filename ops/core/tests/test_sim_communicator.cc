@@ -84,6 +84,10 @@ TEST(sim_other_collectives) {
   CHECK_NEAR(BroadcastCost(f, 1 << 20).total(), (3 + 7) * f.alpha + 2.0 * 7 / 8 * big * f.beta);
   CHECK_NEAR(ReduceScatterCost(f, 1 << 20).total(), 7 * f.alpha + 7.0 / 8 * big * f.beta);
   CHECK_NEAR(BarrierCost(f).total(), 3 * f.alpha);
+  f.codec = 1e-9;  // the compressed path's CPU work, as latency
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).latency, 7 * f.alpha + big * f.codec);
+  CHECK_NEAR(AllgatherCost(f, 1 << 20).latency, 7 * f.alpha + big * f.codec);
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).latency, 6 * f.alpha);
 }
 
 TEST(sim_network_shares_the_link) {
