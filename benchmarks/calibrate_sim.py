@@ -11,9 +11,10 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
 2. Fit, per rate, from the measurements of --fit-hosts (default all): alpha and beta so that
    the simulator's communication-alone step (every gradient submitted at once, no compute)
    matches `comm` (Gauss-Newton on log alpha, log beta); the codec cost (CPU s per byte of the
-   bf16 path) so that `comm_bf16` matches; then the interference (compute slowed
-   while the link carries data: on this 2-core machine TCP and TensorFlow share the cores) so
-   that the simulated `overlap` step matches. Per-layer compute = the measured `compute` step
+   bf16 path) so that `comm_bf16` matches; then how much computing and communicating slow each
+   other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
+   link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
+   the cores) so that the simulated `overlap` steps match. Per-layer compute = the measured `compute` step
    split by the table's FLOPs (backward = 2 x forward).
 3. Validate: every (hosts, rate, config) measured, predicted with the fitted figures; JSON lines
    {hosts, rate, config, measured_s, predicted_s, error, fitted_on} and a summary line. Rows
@@ -74,12 +75,13 @@ def measure(ns):
     return rows
 
 
-def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0):
+def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0, cpu="both"):
     """Simulated step time of `policy` on `hosts` ranks; compute_s = 0 for communication alone."""
     layers = simulate.timed_layers(table, compute_s) if compute_s > 0 else \
         [(n, 0.0, 0.0, g) for n, _, _, g in simulate.timed_layers(table, 1.0)]
     text = simulate.config_text(layers, hosts, 1.0 / beta, alpha, policy, steps=5, warmup=1,
-                                overrides={"interference": interference}, codec=codec)
+                                overrides=({"interference": interference, "contention": interference} if cpu == "both"
+                                           else {cpu: interference}), codec=codec)
     return simulate.run_config(text, binary)["step_s"]
 
 
@@ -135,7 +137,7 @@ def fit_least_squares(loss, high=4.0, iterations=40):
     return 0.0 if loss(0.0) <= loss(x) else x
 
 
-def validate(rows, table, fit_hosts, binary=None):
+def validate(rows, table, fit_hosts, binary=None, cpu="both"):
     """Fits per rate on fit_hosts, predicts every row; returns (fits, result rows)."""
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
     fits, out = {}, []
@@ -149,17 +151,18 @@ def validate(rows, table, fit_hosts, binary=None):
                                  high=1e-6) for h, t in bf16) / len(bf16) if bf16 else 0.0
         runs = [(h, by[(h, rate, "compute")], by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
-        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta, "overlap", k, binary) / t - 1) ** 2
+        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta, "overlap", k, binary, cpu=cpu) / t - 1) ** 2
                                                 for h, c, t in runs)) if runs else 0.0
         fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": beta, "algbw_gbit": 8 / beta / 1e9,
-                      "codec_s_per_byte": codec, "interference": kappa, "fitted_on_hosts": list(fit_hosts)}
+                      "codec_s_per_byte": codec, "cpu_model": cpu, "cpu_factor": kappa,
+                      "fitted_on_hosts": list(fit_hosts)}
         for (h, r8, config), measured in sorted(by.items()):
             if r8 != rate or config not in POLICY_OF or (config not in ("comm", "comm_bf16")
                                                          and (h, rate, "compute") not in by):
                 continue
             compute = 0.0 if config.startswith("comm") else by[(h, rate, "compute")]
             predicted = predict(table, compute, h, alpha, beta, POLICY_OF[config],
-                                0.0 if compute == 0 else kappa, binary, codec)
+                                0.0 if compute == 0 else kappa, binary, codec, cpu)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
                         "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted})
@@ -183,6 +186,9 @@ def main(argv=None):
     p.add_argument("--fit-hosts", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3, 4],
                    help="host counts whose comm, comm_bf16 and overlap runs are fitted on (default: all)")
     p.add_argument("--measured", help="skip measuring: training.py JSON lines (or this script's --out) to fit on")
+    p.add_argument("--cpu", choices=["interference", "contention", "both"], default="both",
+                   help="how sharing the cores is modelled: compute slowed while the link carries data, or the "
+                        "link slowed while compute runs, or both by the same factor (the one figure fitted on the overlap runs)")
     p.add_argument("--out", help="append measurements, fits and results to this file")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=int, default=7200, help="seconds per (hosts, rate) job")
@@ -196,7 +202,7 @@ def main(argv=None):
         rows = measure(ns)
     emit = []
     emit += [{"measured": r} for r in rows if not ns.measured]
-    fits, results = validate(rows, table, ns.fit_hosts)
+    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu)
     emit += [{"fit": f} for f in fits.values()] + results + [summary(results)]
     for obj in emit:
         line = json.dumps(obj)

@@ -41,7 +41,7 @@ POLICIES = {
 }
 # mlsl_tf's defaults (ops/core/settings.cc): MLSL_TF_CHUNK_BYTES, MLSL_TF_INFLIGHT, MLSL_TF_FUSION_THRESHOLD.
 DEFAULTS = {"chunk_bytes": 1 << 20, "inflight": 4, "fusion_threshold": 1 << 20, "cycle_s": 0.0, "bf16": 0,
-            "interference": 0.0}
+            "interference": 0.0, "contention": 0.0}
 # Memory-bound layers (batch norm, activations, adds, pooling) cost this many FLOP-equivalents
 # per output element: about a tenth of ResNet-50's time on a CPU, as oneDNN profiles show.
 ELEMENTWISE_FLOPS = 30
@@ -205,6 +205,8 @@ def main(argv=None):
     p.add_argument("--codec", type=float, default=0.0, help="CPU s per byte of the bf16 path's encode/reduce/decode")
     p.add_argument("--interference", type=float, help="compute is 1 + this slower while the link carries data "
                    "(fitted by benchmarks/calibrate_sim.py; default 0: a dedicated communication core)")
+    p.add_argument("--contention", type=float, help="the link is 1 + this slower while compute runs (fitted; "
+                   "default 0)")
     p.add_argument("--chunk-bytes", type=int)
     p.add_argument("--inflight", type=int)
     p.add_argument("--fusion-threshold", type=int)
@@ -220,7 +222,8 @@ def main(argv=None):
         compute = a.batch / a.images_per_s
     layers = timed_layers(table, compute, a.bwd_ratio)
     overrides = {k: v for k, v in (("chunk_bytes", a.chunk_bytes), ("inflight", a.inflight),
-                                   ("fusion_threshold", a.fusion_threshold), ("interference", a.interference))
+                                   ("fusion_threshold", a.fusion_threshold), ("interference", a.interference),
+                                   ("contention", a.contention))
                  if v is not None}
     binary = find_binary()
     results = []

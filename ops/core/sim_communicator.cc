@@ -153,7 +153,7 @@ double SimNetwork::NextChange(int* sharing) const {
   for (const auto& [h, op] : ops_) k += op.latency_end <= now_;
   double next = std::numeric_limits<double>::infinity();
   for (const auto& [h, op] : ops_) {
-    next = std::min(next, op.latency_end > now_ ? op.latency_end : now_ + op.link_left * k);
+    next = std::min(next, op.latency_end > now_ ? op.latency_end : now_ + op.link_left * k / rate_);
   }
   *sharing = k;
   return next;
@@ -181,8 +181,8 @@ void SimNetwork::AdvanceTo(double t) {
       for (auto& [h, op] : ops_) {
         if (op.latency_end > now_) continue;
         // The operation whose completion is the change completes exactly (no rounding residue).
-        const bool completes = change <= t && now_ + op.link_left * k <= change;
-        op.link_left = completes ? 0 : op.link_left - dt / k;
+        const bool completes = change <= t && now_ + op.link_left * k / rate_ <= change;
+        op.link_left = completes ? 0 : op.link_left - dt * rate_ / k;
       }
       link_busy_ += dt;
     }

@@ -89,6 +89,9 @@ class SimNetwork : public TimeSource {
   int in_flight() const { return int(ops_.size()); }
   // Whether some operation is in its link part now.
   bool link_active() const;
+  // The fraction of the link's rate available from now on (1: all of it); the simulator lowers
+  // it while the CPU that drives the transfers is busy computing.
+  void set_link_rate(double fraction) { rate_ = fraction; }
   // Link busy time so far (s): how long at least one operation was in its link part.
   double link_busy() const { return link_busy_; }
 
@@ -100,7 +103,7 @@ class SimNetwork : public TimeSource {
   // The next time something changes (a latency part ends or a link part completes).
   double NextChange(int* sharing) const;
   SimFabric fabric_;
-  double now_ = 0, link_busy_ = 0;
+  double now_ = 0, link_busy_ = 0, rate_ = 1;
   uint64_t next_handle_ = 0;
   std::map<uint64_t, Op> ops_;
 };

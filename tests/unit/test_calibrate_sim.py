@@ -72,12 +72,12 @@ def test_round_trip_through_the_simulator(binary):
         for config in ("comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"):
             compute = 0.0 if config.startswith("comm") else 0.06
             t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config],
-                                      0.0 if compute == 0 else kappa, codec=codec)
+                                      0.0 if compute == 0 else kappa, codec=codec, cpu="both")
             rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t})
     fits, results = calibrate_sim.validate(rows, TABLE, [2, 3])
     fit = fits["1gbit"]
     assert fit["beta_s_per_byte"] == pytest.approx(beta, rel=0.1)
-    assert fit["interference"] == pytest.approx(kappa, rel=0.1)
+    assert fit["cpu_factor"] == pytest.approx(kappa, rel=0.1)
     assert len(results) == 12 and all(abs(r["error"]) < 0.02 for r in results)
     s = calibrate_sim.summary(results)["summary"]
     assert s["held_out"] == 6 and s["held_out_within_10pct"] == 6 and s["all_within_10pct"] == 12

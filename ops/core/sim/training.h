@@ -39,6 +39,7 @@ struct SimConfig {
   bool bf16 = false;            // gradients travel as bfloat16 (the real wire path: all-to-all + allgather)
   double cycle_s = 0;           // least time between two control cycles (Horovod's cycle time)
   double interference = 0;      // compute runs 1 + this times slower while the link carries data
+  double contention = 0;        // the link runs 1 + this times slower while compute runs
   int steps = 6, warmup = 2;    // steps played; steps before `warmup` are not measured
   std::string timeline;         // Chrome-trace of the scheduler on virtual time ("" = none)
   std::string label;            // echoed in the result

@@ -110,6 +110,12 @@ TEST(sim_network_shares_the_link) {
   CHECK_NEAR(net.now() - t0, 1e-3);  // 0.5 ms of work at half rate
   while (!net.Done(y)) net.AdvanceTo(net.NextEvent());
   CHECK_NEAR(net.now() - t0, 1.5e-3);
+  // At half the link's rate a 1 ms transfer takes 2 ms.
+  net.set_link_rate(0.5);
+  uint64_t z = net.Start(SimCost{0, 1e-3});
+  const double t1 = net.now();
+  while (!net.Done(z)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now() - t1, 2e-3);
 }
 
 TEST(sim_communicator_completes_on_virtual_time) {
