@@ -189,7 +189,7 @@ def plot(results, path, title=""):
 def main(argv=None):
     p = argparse.ArgumentParser(prog="python -m mlsl_tf.simulate", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", default="resnet50", help="table name in mlsl_tf/sim_models or a JSON path")
-    p.add_argument("--nodes", default="8,64,256,1024")
+    p.add_argument("--nodes", default="8,64,256,1024", help="ranks (hosts = nodes / ranks-per-host)")
     p.add_argument("--link", default="100gbit", help="per-host link bandwidth, e.g. 100gbit, 10gbit")
     p.add_argument("--latency", default="1us", help="alpha: per-message latency between hosts")
     p.add_argument("--ranks-per-host", type=int, default=1)
