@@ -8,6 +8,9 @@
 #   make example     train the digits CNN on 2 ranks
 #   make sim         build/mlsl_sim, the simulator of N-node training (no TensorFlow, no MPI)
 #   make stress      long soak, large inputs and the fault matrix (not part of make test)
+#   make horovod-suite HOROVOD_TEST=/path/to/horovod/test
+#                    Horovod 0.28.1's own TF and Keras test files against mlsl_tf, 2 and 3 ranks
+#                    (needs a checkout of horovod/horovod at v0.28.1; not part of make test)
 
 VENV      ?= .venv
 PYTHON    ?= $(VENV)/bin/python
@@ -28,7 +31,7 @@ HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
 LIB       := mlsl_tf/_mlsl_tf.so
 TIMEOUT   ?= 600
 
-.PHONY: venv lib core-tests sim test test-unit test-mpi stress example clean FORCE
+.PHONY: venv lib core-tests sim test test-unit test-mpi stress horovod-suite example clean FORCE
 
 $(VENV)/.stamp: requirements.txt
 	python3 -m venv $(VENV)
@@ -110,6 +113,11 @@ test-mpi: venv lib
 
 test: venv core-tests lib test-unit test-mpi
 	@echo "all test suites passed"
+
+horovod-suite: venv lib
+	@test -n "$(HOROVOD_TEST)" || (echo "usage: make horovod-suite HOROVOD_TEST=<horovod v0.28.1 checkout>/test"; exit 2)
+	$(VENV)/bin/pip install -q -r tests/horovod_suite/requirements.txt
+	$(PYTHON) tests/horovod_suite/run.py $(HOROVOD_TEST) --np 2,3
 
 # Long checks, not in `make test` / CI (~10 min, ~14 GiB of memory): a soak of 100,000 mixed
 # collectives and 20,000 distinct names, a broadcast beyond 2^31-1 elements, the fault matrix.

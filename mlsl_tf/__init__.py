@@ -28,7 +28,7 @@ _EXPORTS = {
                     "rank_op", "reducescatter", "size_op"],
 }
 # submodules reachable as attributes (mlsl_tf.groups.grid, mlsl_tf.parallel.all_gather)
-_SUBMODULES = ["groups", "parallel"]
+_SUBMODULES = ["elastic", "groups", "parallel"]
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE) + _SUBMODULES
 

@@ -48,9 +48,12 @@ def broadcast_(variables, root_rank, name=None, process_set=None):
     """In place, as Horovod's broadcast_: every variable takes root_rank's value (eager or inside
     a tf.function); returns the variables' new values."""
     name = name or "mlsl.broadcast_"
+    values = []
     for i, v in enumerate(variables):
-        v.assign(ops.broadcast(v, root_rank, name=f"{name}.{i}", process_set=process_set))
-    return [v.read_value() for v in variables]
+        assigned = v.assign(ops.broadcast(v, root_rank, name=f"{name}.{i}", process_set=process_set))
+        # in a graph, the value read after the assignment (a plain read could run before it)
+        values.append(v.read_value() if tf.executing_eagerly() else tf.convert_to_tensor(assigned))
+    return values
 
 
 def broadcast_global_variables(root_rank):
@@ -69,16 +72,31 @@ def _to_bytes_tensor(obj):
     return tf.constant(np.frombuffer(pickle.dumps(obj), dtype=np.uint8))
 
 
+def _value(tensor, session):
+    """The tensor's numpy value: eagerly, or in a TF1 graph through `session`, the default session
+    or a new one."""
+    if tf.executing_eagerly():
+        return tensor.numpy()
+    session = session or tf.compat.v1.get_default_session()
+    if session is not None:
+        return session.run(tensor)
+    with tf.compat.v1.Session() as temporary:
+        return temporary.run(tensor)
+
+
 def broadcast_object(obj, root_rank=0, session=None, name=None, process_set=None):
-    """Returns root_rank's `obj` (any picklable object) on every rank."""
+    """Returns root_rank's `obj` (any picklable object) on every rank. In a TF1 graph the
+    broadcasts run in `session` (default: the default session)."""
     name = name or "mlsl.broadcast_object"
     payload = _to_bytes_tensor(obj) if rank() == root_rank else tf.zeros([0], tf.uint8)
     length = ops.broadcast(tf.constant([int(payload.shape[0])], tf.int64), root_rank, name=name + ".size",
                            process_set=process_set)
+    length = int(_value(length, session)[0])
     if rank() != root_rank:
-        payload = tf.zeros([int(length.numpy()[0])], tf.uint8)
+        payload = tf.zeros([length], tf.uint8)
     data = ops.broadcast(payload, root_rank, name=name + ".data", process_set=process_set)
-    return pickle.loads(data.numpy().tobytes())
+    data = _value(data, session)
+    return obj if rank() == root_rank else pickle.loads(data.tobytes())
 
 
 def broadcast_object_fn(root_rank=0, session=None, name=None, process_set=None):
@@ -92,9 +110,9 @@ def allgather_object(obj, session=None, name=None, process_set=None):
     """Returns the list of every rank's `obj`, in rank order."""
     name = name or "mlsl.allgather_object"
     payload = _to_bytes_tensor(obj)
-    sizes = ops.allgather(tf.constant([int(payload.shape[0])], tf.int64), name=name + ".sizes",
-                          process_set=process_set).numpy()
-    data = ops.allgather(payload, name=name + ".data", process_set=process_set).numpy().tobytes()
+    sizes = _value(ops.allgather(tf.constant([int(payload.shape[0])], tf.int64), name=name + ".sizes",
+                                 process_set=process_set), session)
+    data = _value(ops.allgather(payload, name=name + ".data", process_set=process_set), session).tobytes()
     out, offset = [], 0
     for n in sizes:
         out.append(pickle.loads(data[offset:offset + int(n)]))

@@ -114,20 +114,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     process_set = _group(process_set, group)
     op = _resolve_op(op, average)
     if isinstance(tensor, tf.IndexedSlices):
-        if op not in (Average, Sum):
-            raise NotImplementedError("IndexedSlices gradients support only Sum and Average")
-        if prescale_factor != 1.0 or postscale_factor != 1.0:
-            raise NotImplementedError("prescale_factor and postscale_factor are not supported for IndexedSlices "
-                                      "(as in Horovod): scale the values before or after the allreduce")
-        values = allgather(tensor.values, name=None if name is None else name + ".values", process_set=process_set,
-                           ignore_name_scope=ignore_name_scope, priority=priority)
-        indices = allgather(tensor.indices, name=None if name is None else name + ".indices",
-                            process_set=process_set, ignore_name_scope=ignore_name_scope, priority=priority)
-        if op == Average:
-            # integers divide as Horovod's do (floor division), not multiply by 1/size (which is 0)
-            count = _group_rank_and_size(process_set)[1]
-            values = values // count if values.dtype.is_integer else values / tf.cast(count, values.dtype)
-        return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+        _check_sparse_op(op, prescale_factor, postscale_factor)
+        return _allreduce_sparse(tensor, op, name, process_set, ignore_name_scope, priority)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set, ignore_name_scope,
@@ -135,13 +123,49 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     return compression.decompress(reduced, ctx)
 
 
+def _check_sparse_op(op, prescale_factor, postscale_factor):
+    if op not in (Average, Sum):
+        raise NotImplementedError(f"IndexedSlices support only Sum and Average, not {_REDUCE_NAMES.get(op, op)} "
+                                  "(pass sparse_as_dense=True to reduce them as dense tensors)")
+    if prescale_factor != 1.0 or postscale_factor != 1.0:
+        raise NotImplementedError("prescale_factor and postscale_factor are not supported for IndexedSlices "
+                                  "(as in Horovod): scale the values before or after the allreduce")
+
+
+def _allreduce_sparse(tensor, op, name, process_set, ignore_name_scope, priority):
+    """IndexedSlices are allgathered (values and indices), as Horovod does; Average divides the
+    values by the group's size with `/`, as Horovod does (integer values become floats)."""
+    values = allgather(tensor.values, name=None if name is None else name + ".values", process_set=process_set,
+                       ignore_name_scope=ignore_name_scope, priority=priority)
+    indices = allgather(tensor.indices, name=None if name is None else name + ".indices",
+                        process_set=process_set, ignore_name_scope=ignore_name_scope, priority=priority)
+    if op == Average:
+        values = values / tf.cast(_group_rank_and_size(process_set)[1], values.dtype)
+    return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
+
+
 def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", compression=Compression.none,
                       op=None, prescale_factor=1.0, postscale_factor=1.0, name=None, process_set=None,
                       ignore_name_scope=False, priority=0, group=None):
     """Allreduces a list of tensors as one negotiated, fused collective (one per dtype), over
-    all ranks or the members of `group` (alias of `process_set`)."""
+    all ranks or the members of `group` (alias of `process_set`). IndexedSlices in the list are
+    allgathered (Sum and Average only), each on its own, as allreduce does."""
     process_set = _group(process_set, group)
     op = _resolve_op(op, average)
+    tensors = list(tensors)
+    sparse = [i for i, t in enumerate(tensors) if isinstance(t, tf.IndexedSlices)]
+    if sparse:
+        _check_sparse_op(op, prescale_factor, postscale_factor)
+        dense = [i for i in range(len(tensors)) if i not in set(sparse)]
+        results = [None] * len(tensors)
+        for i in sparse:
+            results[i] = _allreduce_sparse(tensors[i], op, _member_name(name, f"sparse{i}"), process_set,
+                                           ignore_name_scope, priority)
+        reduced = grouped_allreduce([tensors[i] for i in dense], op=op, compression=compression, name=name,
+                                    process_set=process_set, ignore_name_scope=ignore_name_scope, priority=priority)
+        for i, r in zip(dense, reduced):
+            results[i] = r
+        return results
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
@@ -309,9 +333,10 @@ def _grouped_allreduce_grad(op, *grads):
 
 @tf.RegisterGradient("MlslAllgather")
 def _allgather_grad(op, grad):
-    """Sum the upstream gradient over the group's ranks, then keep this rank's rows."""
+    """Average the upstream gradient over the group's ranks, then keep this rank's rows (Horovod's
+    gradient: of the mean of the ranks' losses)."""
     group = op.get_attr("process_set_id")
-    grad = _allreduce(grad, Sum, process_set=group)
+    grad = _allreduce(grad, Average, process_set=group)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
     all_rows = allgather(rows, process_set=group)
     offset = tf.reduce_sum(all_rows[:_group_rank_and_size(group)[0]])
@@ -320,8 +345,9 @@ def _allgather_grad(op, grad):
 
 @tf.RegisterGradient("MlslBroadcast")
 def _broadcast_grad(op, grad):
+    """The upstream gradient averaged over the group's ranks, at the root; zero elsewhere (Horovod's)."""
     group = op.get_attr("process_set_id")
-    reduced = _allreduce(grad, Sum, process_set=group)
+    reduced = _allreduce(grad, Average, process_set=group)
     if _group_rank_and_size(group)[0] != op.get_attr("root_rank"):  # the op's attr: the root's index in the group
         return reduced * 0, None
     return reduced, None

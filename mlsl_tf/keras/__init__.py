@@ -14,7 +14,7 @@ from mlsl_tf.basics import (cross_rank, cross_size, is_initialized, local_rank, 
                             rank, set_progress_output, shutdown, size)
 from mlsl_tf.compression import Compression
 from mlsl_tf.functions import allgather_object, broadcast_object, broadcast_variables
-from mlsl_tf.keras import callbacks
+from mlsl_tf.keras import callbacks, elastic
 from mlsl_tf.ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier, broadcast,
                          grouped_allreduce, join, reducescatter)
 from mlsl_tf.optimizer import DistributedOptimizer, is_distributed

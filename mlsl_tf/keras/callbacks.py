@@ -23,18 +23,28 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
     optimizer state are broadcast right after that step instead, as Horovod does.
 
     mlsl_tf's collectives have no XLA kernels, so a model whose train step would be
-    XLA-compiled (Keras' jit_compile="auto" on a GPU) is switched to jit_compile=False here."""
+    XLA-compiled (Keras' jit_compile="auto" on a GPU) is switched to jit_compile=False here.
 
-    def __init__(self, root_rank=0, device=""):
+    local_variables (or register_local_var): model variables that are each rank's own, as in
+    model parallelism: they keep this rank's values (the optimizer's state is broadcast whole)."""
+
+    def __init__(self, root_rank=0, device="", local_variables=None):
         super().__init__()
         self.root_rank = root_rank
         self.device = device
         self.broadcast_done = False
+        self._local = {}  # id -> variable (held, so the id stays its own)
+        for v in local_variables or []:
+            self.register_local_var(v)
+
+    def register_local_var(self, var):
+        """Leaves `var` out of the broadcast: every rank keeps its own value."""
+        self._local[id(var)] = var
 
     def _broadcast(self):
         model = self.model
         optimizer = getattr(model, "optimizer", None)
-        variables = list(model.variables)
+        variables = [v for v in model.variables if id(v) not in self._local]
         if optimizer is not None:
             if not optimizer.built:
                 with keras.name_scope(optimizer.name, caller=optimizer):

@@ -82,10 +82,15 @@ std::vector<Decision> Coordinator::Resolve(const std::vector<bool>& joined) {
       }
       // A grouped allreduce is an allreduce of several tensors: call it by the user's name.
       bool grouped = false;
-      for (auto& m : it->by_rank) grouped = grouped || (m && m->op == OpType::kAllreduce && m->shapes.size() != 1);
+      bool invalid_input = false;
+      for (auto& m : it->by_rank) {
+        grouped = grouped || (m && m->op == OpType::kAllreduce && m->shapes.size() != 1);
+        invalid_input = invalid_input || (m && !m->local_error.empty());
+      }
       out.push_back(Decision{Decision::kError, it->name, -1,
                              std::string("mlsl_tf: ") + (grouped ? "grouped_allreduce" : OpTypeName(any->op)) +
-                                 " '" + ShownName(it->name) + "': " + err});
+                                 " '" + ShownName(it->name) + "': " + err,
+                             invalid_input});
     } else {
       const RequestMeta* canonical = nullptr;
       for (int r = 0; r < size_ && !canonical; ++r) if (!joined[r] && it->by_rank[r]) canonical = &*it->by_rank[r];

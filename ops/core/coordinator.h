@@ -21,6 +21,7 @@ struct Decision {
   std::string name;
   int32_t id = -1;           // kAgreed
   std::string error;         // kError
+  bool invalid_input = false;  // kError: some rank's own input was invalid (not a mismatch between ranks)
 };
 
 class Coordinator {

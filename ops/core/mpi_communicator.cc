@@ -42,6 +42,8 @@ MPI_Datatype NativeType(DataType t) {
     case DataType::kFloat64: return MPI_DOUBLE;
     case DataType::kFloat16: case DataType::kBfloat16: return MPI_UINT16_T;
     case DataType::kBool: return MPI_UINT8_T;
+    case DataType::kUint16: return MPI_UINT16_T;
+    case DataType::kInt16: return MPI_INT16_T;
   }
   return MPI_BYTE;
 }
@@ -74,6 +76,8 @@ struct UserOps {
     Make<DataType::kFloat32>();
     Make<DataType::kFloat64>();
     Make<DataType::kBool>();
+    Make<DataType::kUint16>();
+    Make<DataType::kInt16>();
   }
   template <DataType D> void Make() {
     MPI_Op_create(&UserReduce<D, ReduceOp::kSum>, 1, &ops[int(D)][int(ReduceOp::kSum)]);

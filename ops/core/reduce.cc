@@ -54,6 +54,8 @@ MLSL_KERNELS(int32_t)
 MLSL_KERNELS(int64_t)
 MLSL_KERNELS(uint8_t)
 MLSL_KERNELS(int8_t)
+MLSL_KERNELS(uint16_t)
+MLSL_KERNELS(int16_t)
 #undef MLSL_KERNELS
 #undef MLSL_CLONES
 
@@ -125,6 +127,8 @@ void FillTyped(S* data, int64_t n, ReduceOp op) {
     case DataType::kFloat32: CALL(float, Native<float>); break;             \
     case DataType::kFloat64: CALL(double, Native<double>); break;           \
     case DataType::kBool: CALL(uint8_t, Native<uint8_t>); break;            \
+    case DataType::kUint16: CALL(uint16_t, Native<uint16_t>); break;        \
+    case DataType::kInt16: CALL(int16_t, Native<int16_t>); break;           \
   }
 
 }  // namespace

@@ -584,8 +584,11 @@ bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
         break;
       case Decision::kError:
         cached_ids_.erase(d.name);
-        // FailedPrecondition, as Horovod reports what the ranks' submissions do not allow
-        if (it != pending_.end() && it->second.state == Local::kAnnounced) Finish(d.name, Status::FailedPrecondition(d.error));
+        // As Horovod: an invalid input is InvalidArgument (on every rank); submissions that
+        // disagree between ranks are FailedPrecondition
+        if (it != pending_.end() && it->second.state == Local::kAnnounced) {
+          Finish(d.name, d.invalid_input ? Status::InvalidArgument(d.error) : Status::FailedPrecondition(d.error));
+        }
         break;
       case Decision::kAgreed: {
         const RequestMeta& meta = coordinator_.meta(d.id);

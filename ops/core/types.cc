@@ -5,7 +5,7 @@ namespace mlsl {
 size_t DataTypeSize(DataType t) {
   switch (t) {
     case DataType::kUint8: case DataType::kInt8: case DataType::kBool: return 1;
-    case DataType::kFloat16: case DataType::kBfloat16: return 2;
+    case DataType::kFloat16: case DataType::kBfloat16: case DataType::kUint16: case DataType::kInt16: return 2;
     case DataType::kInt32: case DataType::kFloat32: return 4;
     case DataType::kInt64: case DataType::kFloat64: return 8;
   }
@@ -23,6 +23,8 @@ const char* DataTypeName(DataType t) {
     case DataType::kFloat32: return "float32";
     case DataType::kFloat64: return "float64";
     case DataType::kBool: return "bool";
+    case DataType::kUint16: return "uint16";
+    case DataType::kInt16: return "int16";
   }
   return "?";
 }

@@ -13,8 +13,9 @@ namespace mlsl {
 enum class DataType : int32_t {
   kUint8 = 0, kInt8 = 1, kInt32 = 2, kInt64 = 3,
   kFloat16 = 4, kBfloat16 = 5, kFloat32 = 6, kFloat64 = 7, kBool = 8,
+  kUint16 = 9, kInt16 = 10,
 };
-constexpr int kNumDataTypes = 9;
+constexpr int kNumDataTypes = 11;
 
 enum class ReduceOp : int32_t { kAverage = 0, kSum = 1, kAdasum = 2, kMin = 3, kMax = 4, kProduct = 5 };
 

@@ -45,6 +45,8 @@ bool ToCore(tensorflow::DataType t, mlsl::DataType* out) {
     case tensorflow::DT_FLOAT: *out = mlsl::DataType::kFloat32; return true;
     case tensorflow::DT_DOUBLE: *out = mlsl::DataType::kFloat64; return true;
     case tensorflow::DT_BOOL: *out = mlsl::DataType::kBool; return true;
+    case tensorflow::DT_UINT16: *out = mlsl::DataType::kUint16; return true;
+    case tensorflow::DT_INT16: *out = mlsl::DataType::kInt16; return true;
     default: return false;
   }
 }

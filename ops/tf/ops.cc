@@ -11,7 +11,7 @@ using tensorflow::shape_inference::DimensionHandle;
 using tensorflow::shape_inference::InferenceContext;
 using tensorflow::shape_inference::ShapeHandle;
 
-#define MLSL_TYPES "T: {uint8, int8, int32, int64, half, bfloat16, float, double, bool}"
+#define MLSL_TYPES "T: {uint8, int8, uint16, int16, int32, int64, half, bfloat16, float, double, bool}"
 // The collective's name is an input (a scalar string), not an attr: eager calls with many
 // distinct names then share one cached kernel instead of building one per name.
 #define MLSL_COMMON_ATTRS                         \

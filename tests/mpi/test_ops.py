@@ -64,7 +64,7 @@ def test_allreduce_default_is_average_and_bool(mode):
     assert got_or.dtype == tf.bool and got_and.dtype == tf.bool
     np.testing.assert_array_equal(got_or.numpy(), [True, True, False])
     np.testing.assert_array_equal(got_and.numpy(), [N == 1, True, False])
-    with pytest.raises(tf.errors.FailedPreconditionError, match="not meaningful for bool"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not meaningful for bool"):
         run(mode, lambda t: hvd.allreduce(t, op=hvd.Sum, name=f"bool_sum.{mode}"), flags)
 
 
@@ -311,15 +311,33 @@ def test_indexed_slices_sum_and_average(mode, dtype):
     values, indices, mean = run(mode, body)
     assert indices.numpy().tolist() == list(range(N))
     assert values.numpy().tolist() == [[4 * (r + 1)] * 2 for r in range(N)]
-    # Average divides by the rank count (integers: floor division, as Horovod's tf.div)
-    want = [[4 * (r + 1) / N] * 2 for r in range(N)] if dtype.is_floating else [[4 * (r + 1) // N] * 2 for r in range(N)]
-    np.testing.assert_allclose(mean.numpy(), want)
+    # Average divides by the rank count with `/`, as Horovod does: integer values become floats
+    assert mean.dtype == (dtype if dtype.is_floating else tf.float64)
+    np.testing.assert_allclose(mean.numpy(), [[4 * (r + 1) / N] * 2 for r in range(N)])
 
 
 def test_indexed_slices_refuse_prescale():
     s = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0], tf.int64), dense_shape=tf.constant([2, 2], tf.int64))
     with pytest.raises(NotImplementedError, match="prescale_factor"):
         hvd.allreduce(s, prescale_factor=2.0)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_grouped_allreduce_mixes_indexed_slices_and_dense(mode):
+    def body():
+        s = tf.IndexedSlices(tf.fill([1, 2], float(R + 1)), tf.constant([R], tf.int64),
+                             dense_shape=tf.constant([N, 2], tf.int64))
+        return hvd.grouped_allreduce([s, tf.fill([3], float(R)), s], op=hvd.Sum, name=f"mixed.{mode}")
+    first, dense, last = run(mode, body)
+    assert isinstance(first, tf.IndexedSlices) and isinstance(last, tf.IndexedSlices)
+    for sl in (first, last):
+        assert sl.indices.numpy().tolist() == list(range(N))
+        np.testing.assert_array_equal(sl.values.numpy(), [[r + 1.0] * 2 for r in range(N)])
+    np.testing.assert_array_equal(dense.numpy(), [sum(range(N))] * 3)
+    s = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0], tf.int64))
+    for op in (hvd.Min, hvd.Max, hvd.Product, hvd.Adasum):
+        with pytest.raises(NotImplementedError, match="IndexedSlices support only Sum and Average|Adasum"):
+            hvd.grouped_allreduce([s, tf.ones([2])], op=op)
 
 
 @pytest.mark.parametrize("mode", MODES)

@@ -23,9 +23,11 @@ FLOORS = {
     "mlsl_tf.functions": 5,     # broadcast_variables, *_object
     "mlsl_tf.optimizer": 6,     # DistributedOptimizer
     "mlsl_tf.tape": 7,          # DistributedGradientTape
+    "mlsl_tf.elastic": 7,       # elastic state objects on a fixed job
     "mlsl_tf.keras.layers": 8,
     "mlsl_tf.keras.callbacks": 8,
     "mlsl_tf.keras.sync_batch_norm": 8,
+    "mlsl_tf.keras.elastic": 8,
     "mlsl_tf.keras": 9,
     "mlsl_tf": 10,              # the package: lazy exports of everything
 }

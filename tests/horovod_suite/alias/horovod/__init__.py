@@ -1,0 +1,1 @@
+"""The alias package under which Horovod's test suite imports mlsl_tf (tests/horovod_suite only)."""
