@@ -6,6 +6,7 @@
 #   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
 #   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks)
 #   make example     train the digits CNN on 2 ranks
+#   make sim         build/mlsl_sim, the simulator of N-node training (no TensorFlow, no MPI)
 #   make stress      long soak, large inputs and the fault matrix (not part of make test)
 #   make horovod-suite HOROVOD_TEST=/path/to/horovod/test
 #                    Horovod 0.28.1's own TF and Keras test files against mlsl_tf, 2 and 3 ranks
@@ -30,7 +31,7 @@ HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
 LIB       := mlsl_tf/_mlsl_tf.so
 TIMEOUT   ?= 600
 
-.PHONY: venv lib core-tests test test-unit test-mpi stress horovod-suite example clean FORCE
+.PHONY: venv lib core-tests sim test test-unit test-mpi stress horovod-suite example clean FORCE
 
 $(VENV)/.stamp: requirements.txt
 	python3 -m venv $(VENV)
@@ -79,8 +80,21 @@ build/core_tests: $(CORE_SRC) $(TEST_SRC) $(HEADERS)
 core-tests: build/core_tests
 	timeout 300 build/core_tests
 
+# The simulator (ops/core/sim/) over the core, compiled without MPI or TensorFlow.
+SIM_SRC := $(wildcard ops/core/sim/*.cc)
+SIM_OBJ := $(patsubst ops/%.cc,build/simobj/%.o,$(CORE_SRC) $(SIM_SRC))
+
+build/simobj/%.o: ops/%.cc $(HEADERS) $(wildcard ops/core/sim/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXSTD) -Iops/core -c $< -o $@
+
+build/mlsl_sim: $(SIM_OBJ)
+	$(CXX) $(CXXSTD) $(SIM_OBJ) -o $@
+
+sim: build/mlsl_sim
+
 # One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout).
-test-unit: venv lib
+test-unit: venv lib sim
 	timeout $(TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 tests/unit
 
 # Each multi-rank file runs under its own timeout: a hang is a failure. Every file runs on 2

@@ -28,7 +28,7 @@ setup(
                 "a drop-in for Horovod's TensorFlow API",
     python_requires=">=3.11",
     packages=find_packages(include=["mlsl_tf", "mlsl_tf.*"]),
-    package_data={"mlsl_tf": ["_mlsl_tf.so"]},
+    package_data={"mlsl_tf": ["_mlsl_tf.so", "sim_models/*.json"]},
     entry_points={"console_scripts": ["mlslrun = mlsl_tf.runner.launch:main"]},
     cmdclass={"build_py": BuildOps},
     zip_safe=False,

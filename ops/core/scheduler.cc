@@ -78,7 +78,7 @@ void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finis
   w->order = agreed_++;
   w->chunked = meta.op == OpType::kAllreduce;
   w->total = Elements(meta);
-  Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Clock::now()};
+  Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
   if (request && timeline_->enabled()) {
     timeline_->Span(meta.name, "negotiate", "negotiation", submitted, p.agreed);
   }
@@ -121,7 +121,7 @@ void Scheduler::Fuse(Work* head) {
 // tensor, otherwise a packed buffer; a joined rank's parts hold the identity.
 void Scheduler::Prepare(Work* w) {
   w->prepared = true;
-  w->first_start = Clock::now();
+  w->first_start = Now();
   const size_t esize = DataTypeSize(w->meta.dtype);
   for (Part& p : w->parts) {
     if (!p.request) continue;
@@ -189,7 +189,7 @@ void Scheduler::StartChunk(Work* w) {
   unit->work = w;
   unit->bytes = n * int64_t(esize);
   unit->chunk = w->chunks++;
-  unit->start = Clock::now();
+  unit->start = Now();
   // Each in-flight slot has its own communicator (see Slot).
   const int slot_index = int(unit->seq % uint64_t(options_.inflight));
   Communicator* slot = Slot(slot_index);
@@ -231,14 +231,14 @@ Communicator* Scheduler::Slot(int i) {
 void Scheduler::RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined) {
   uint64_t seq = started_++;
   Part& p = w->parts[0];
-  auto start = Clock::now();
+  auto start = Now();
   if (p.request) {
     stats_->Wait(w->meta.priority, std::chrono::duration<double>(start - p.agreed).count());
     if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, start);
   }
   Status s = executor_->Execute(w->meta, p.request, joined);
   if (timeline_->enabled() && p.request) {
-    timeline_->Span(p.name, OpTypeName(w->meta.op), "collective", start, Clock::now());
+    timeline_->Span(p.name, OpTypeName(w->meta.op), "collective", start, Now());
   }
   Complete(seq);
   if (p.request) p.finish(s);
@@ -260,7 +260,7 @@ void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined) {
     if (last_started_ && last_started_ != head && last_started_->next < last_started_->total) {
       stats_->Preemption();
       if (timeline_->enabled()) {
-        timeline_->Instant("preempted by " + head->label(), "preempt", "queue", Clock::now(),
+        timeline_->Instant("preempted by " + head->label(), "preempt", "queue", Now(),
                            "{\"tensor\": \"" + JsonEscape(last_started_->label()) + "\"}");
       }
     }
@@ -292,7 +292,7 @@ std::chrono::microseconds Scheduler::PollInterval() const {
 }
 
 void Scheduler::Progress() {
-  pacer_.Poll(Clock::now(), !inflight_.empty());
+  pacer_.Poll(Now(), !inflight_.empty());
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();
     bool done = false;
@@ -308,7 +308,7 @@ void Scheduler::Progress() {
     Work* w = u->work;
     if (timeline_->enabled()) {
       timeline_->Span(w->label(), "chunk", "inflight " + std::to_string(u->seq % options_.inflight), u->start,
-                      Clock::now(),
+                      Now(),
                       "{\"bytes\": " + std::to_string(u->bytes) + ", \"chunk\": " + std::to_string(u->chunk) +
                           ", \"priority\": " + std::to_string(w->meta.priority) + "}");
     }
@@ -339,7 +339,7 @@ void Scheduler::Finalize(Work* w) {
       kept.first.assign(w->res_in.begin() + p.offset, w->res_in.begin() + p.offset + p.count);
       kept.second.assign(w->res_out.begin() + p.offset, w->res_out.begin() + p.offset + p.count);
     }
-    if (timeline_->enabled()) timeline_->Instant(p.name, "done", "queue", Clock::now());
+    if (timeline_->enabled()) timeline_->Instant(p.name, "done", "queue", Now());
     p.finish(w->status);
   }
   if (last_started_ == w) last_started_ = nullptr;

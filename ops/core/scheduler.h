@@ -27,6 +27,7 @@
 #include "pacer.h"
 #include "request.h"
 #include "stats.h"
+#include "time_source.h"
 #include "timeline.h"
 #include "wire.h"
 
@@ -39,6 +40,7 @@ struct SchedulerOptions {
   int inflight;
   int64_t fusion_threshold;  // 0 = no fusion
   bool fifo;
+  const TimeSource* clock = nullptr;  // null: steady_clock; must outlive the scheduler
 };
 
 class Scheduler {
@@ -72,6 +74,7 @@ class Scheduler {
   struct Work;
   struct Unit;
 
+  Clock::time_point Now() const { return options_.clock ? options_.clock->Now() : Clock::now(); }
   void Insert(std::unique_ptr<Work> w);
   void Fuse(Work* head);
   void Prepare(Work* w);

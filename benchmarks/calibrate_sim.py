@@ -1,0 +1,217 @@
+"""Calibrates the simulator (mlsl_tf.simulate) on emulated-host runs and validates it: measured vs
+predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 10% or not.
+
+    sudo python benchmarks/calibrate_sim.py [--hosts 2,3,4] [--rates 1gbit,10gbit] [--runs 3]
+        [--out benchmarks/results/calibration.jsonl]         # measure (root: namespaces), fit, validate
+    python benchmarks/calibrate_sim.py --measured FILE.jsonl  # fit and validate earlier measurements
+
+1. Measure: per (hosts, rate), benchmarks/training.py runs ResNet-50 (batch 16 per rank) on one
+   emulated host per rank (benchmarks/hosts.py) in each configuration: compute alone, gradients
+   alone (comm, comm_bf16), fifo, priority, overlap, overlap_bf16. Its "median" lines are kept.
+2. Fit, per rate, from the measurements of --fit-hosts (default all): alpha and beta so that
+   the simulator's communication-alone step (every gradient submitted at once, no compute)
+   matches `comm` (Gauss-Newton on log alpha, log beta); the codec cost (CPU s per byte of the
+   bf16 path) so that `comm_bf16` matches; then how much computing and communicating slow each
+   other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
+   link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
+   the cores) so that the simulated `overlap` steps match. Per-layer compute = the measured `compute` step
+   split by the table's FLOPs (backward = 2 x forward).
+3. Validate: every (hosts, rate, config) measured, predicted with the fitted figures; JSON lines
+   {hosts, rate, config, measured_s, predicted_s, error, fitted_on} and a summary line. Rows
+   that were fitted on (comm, comm_bf16, overlap of the fit hosts) are marked; the summary counts
+   the others (fifo, priority, overlap_bf16, horovod: never fitted on) and all rows separately.
+"""
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from mlsl_tf import simulate  # noqa: E402
+
+# training.py configuration -> simulator policy
+POLICY_OF = {"fifo": "fifo", "priority": "priority", "overlap": "overlap", "overlap_bf16": "bf16",
+             "horovod": "horovod", "comm": "overlap", "comm_bf16": "bf16"}
+CONFIGS = ["compute", "comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"]
+TOLERANCE = 0.10
+
+
+def training_command(python, hosts, rate, runs, configs, model="resnet50"):
+    """argv of one measuring job: benchmarks/training.py on `hosts` emulated hosts (one rank each)."""
+    return [python, os.path.join(HERE, "training.py"), "--models", model, "--links", rate, "--np", str(hosts),
+            "--configs", ",".join(configs), "--runs", str(runs)]
+
+
+def parse_medians(lines, hosts):
+    """training.py's {"median": ...} lines -> rows {hosts, rate, config, step_s}."""
+    rows = []
+    for line in lines:
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        m = obj.get("median") if isinstance(obj, dict) else None
+        if m and "step_s" in m:
+            rows.append({"hosts": m.get("ranks", hosts), "rate": m["link"], "config": m["config"],
+                         "model": m["model"], "step_s": m["step_s"]})
+    return rows
+
+
+def measure(ns):
+    rows = []
+    for rate in ns.rates:
+        for hosts in ns.hosts:
+            cmd = training_command(ns.python, hosts, rate, ns.runs, CONFIGS)
+            print(json.dumps({"running": cmd}), file=sys.stderr, flush=True)
+            out = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout)
+            got = parse_medians(out.stdout.splitlines(), hosts)
+            for r in got:
+                r["hosts"] = hosts
+            rows += got
+    return rows
+
+
+def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0, cpu="both"):
+    """Simulated step time of `policy` on `hosts` ranks; compute_s = 0 for communication alone."""
+    layers = simulate.timed_layers(table, compute_s) if compute_s > 0 else \
+        [(n, 0.0, 0.0, g) for n, _, _, g in simulate.timed_layers(table, 1.0)]
+    text = simulate.config_text(layers, hosts, 1.0 / beta, alpha, policy, steps=5, warmup=1,
+                                overrides=({"interference": interference, "contention": interference} if cpu == "both"
+                                           else {cpu: interference}), codec=codec)
+    return simulate.run_config(text, binary)["step_s"]
+
+
+def fit_alpha_beta(points, model, start=(20e-6, 8e-9), iterations=8):
+    """Least squares in log space: points = [(x, measured)], model(x, alpha, beta) -> predicted."""
+    la, lb = math.log(start[0]), math.log(start[1])
+    for _ in range(iterations):
+        rows, rhs = [], []
+        for x, t in points:
+            f = model(x, math.exp(la), math.exp(lb))
+            da = (model(x, math.exp(la + 0.05), math.exp(lb)) - f) / 0.05
+            db = (model(x, math.exp(la), math.exp(lb + 0.05)) - f) / 0.05
+            rows.append((da / t, db / t))  # relative residuals: every point counts alike
+            rhs.append((t - f) / t)
+        # 2x2 normal equations, damped (Levenberg) so that one point or an unidentifiable alpha
+        # gives a small step instead of a singular system
+        a11 = sum(r[0] * r[0] for r in rows)
+        a12 = sum(r[0] * r[1] for r in rows)
+        a22 = sum(r[1] * r[1] for r in rows)
+        damp = 1e-3 * (a11 + a22) + 1e-12
+        a11, a22 = a11 + damp, a22 + damp
+        b1 = sum(r[0] * e for r, e in zip(rows, rhs))
+        b2 = sum(r[1] * e for r, e in zip(rows, rhs))
+        det = a11 * a22 - a12 * a12
+        if abs(det) < 1e-18:  # alpha not identifiable (e.g. one point): fit beta alone
+            step_a, step_b = 0.0, b2 / a22
+        else:
+            step_a, step_b = (a22 * b1 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
+        la += max(-2.0, min(2.0, step_a))
+        lb += max(-2.0, min(2.0, step_b))
+    return math.exp(la), math.exp(lb)
+
+
+def fit_monotone(measured, model, high=4.0, iterations=30):
+    """The x in [0, high] with model(x) = measured, model increasing (bisection); 0 when model(0) >= measured."""
+    if model(0.0) >= measured:
+        return 0.0
+    lo, hi = 0.0, high
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if model(mid) < measured else (lo, mid)
+    return (lo + hi) / 2
+
+
+def fit_least_squares(loss, high=4.0, iterations=40):
+    """The x in [0, high] minimising loss(x), taken as unimodal (golden-section search)."""
+    g = (math.sqrt(5) - 1) / 2
+    lo, hi = 0.0, high
+    for _ in range(iterations):
+        a, b = hi - g * (hi - lo), lo + g * (hi - lo)
+        lo, hi = (lo, b) if loss(a) <= loss(b) else (a, hi)
+    x = (lo + hi) / 2
+    return 0.0 if loss(0.0) <= loss(x) else x
+
+
+def validate(rows, table, fit_hosts, binary=None, cpu="both"):
+    """Fits per rate on fit_hosts, predicts every row; returns (fits, result rows)."""
+    by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
+    fits, out = {}, []
+    for rate in sorted({r["rate"] for r in rows}):
+        comm = [(h, by[(h, rate, "comm")]) for h in fit_hosts if (h, rate, "comm") in by]
+        if not comm:
+            continue
+        alpha, beta = fit_alpha_beta(comm, lambda h, a, b: predict(table, 0, h, a, b, "overlap", binary=binary))
+        bf16 = [(h, by[(h, rate, "comm_bf16")]) for h in fit_hosts if (h, rate, "comm_bf16") in by]
+        codec = sum(fit_monotone(t, lambda c: predict(table, 0, h, alpha, beta, "bf16", binary=binary, codec=c),
+                                 high=1e-6) for h, t in bf16) / len(bf16) if bf16 else 0.0
+        runs = [(h, by[(h, rate, "compute")], by[(h, rate, "overlap")]) for h in fit_hosts
+                if (h, rate, "overlap") in by and (h, rate, "compute") in by]
+        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta, "overlap", k, binary, cpu=cpu) / t - 1) ** 2
+                                                for h, c, t in runs)) if runs else 0.0
+        fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": beta, "algbw_gbit": 8 / beta / 1e9,
+                      "codec_s_per_byte": codec, "cpu_model": cpu, "cpu_factor": kappa,
+                      "fitted_on_hosts": list(fit_hosts)}
+        for (h, r8, config), measured in sorted(by.items()):
+            if r8 != rate or config not in POLICY_OF or (config not in ("comm", "comm_bf16")
+                                                         and (h, rate, "compute") not in by):
+                continue
+            compute = 0.0 if config.startswith("comm") else by[(h, rate, "compute")]
+            predicted = predict(table, compute, h, alpha, beta, POLICY_OF[config],
+                                0.0 if compute == 0 else kappa, binary, codec, cpu)
+            fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
+            out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
+                        "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted})
+    return fits, out
+
+
+def summary(results):
+    held_out = [r for r in results if not r["fitted_on"]]
+    ok = lambda rs: sum(abs(r["error"]) <= TOLERANCE for r in rs)  # noqa: E731
+    worst = lambda rs: max((abs(r["error"]) for r in rs), default=None)  # noqa: E731
+    return {"summary": {"held_out": len(held_out), "held_out_within_10pct": ok(held_out), "held_out_worst": worst(held_out),
+                        "all": len(results), "all_within_10pct": ok(results), "all_worst": worst(results)}}
+
+
+def main(argv=None):
+    split = lambda s: s.split(",")  # noqa: E731
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--hosts", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3, 4])
+    p.add_argument("--rates", type=split, default=["1gbit", "10gbit"])
+    p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--fit-hosts", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3, 4],
+                   help="host counts whose comm, comm_bf16 and overlap runs are fitted on (default: all)")
+    p.add_argument("--measured", help="skip measuring: training.py JSON lines (or this script's --out) to fit on")
+    p.add_argument("--cpu", choices=["interference", "contention", "both"], default="both",
+                   help="how sharing the cores is modelled: compute slowed while the link carries data, or the "
+                        "link slowed while compute runs, or both by the same factor (the one figure fitted on the overlap runs)")
+    p.add_argument("--out", help="append measurements, fits and results to this file")
+    p.add_argument("--python", default=sys.executable)
+    p.add_argument("--timeout", type=int, default=7200, help="seconds per (hosts, rate) job")
+    ns = p.parse_args(argv)
+    table = simulate.load_table("resnet50")
+    if ns.measured:
+        with open(ns.measured) as f:
+            lines = f.read().splitlines()
+        rows = parse_medians(lines, 2) + [json.loads(l)["measured"] for l in lines if '"measured"' in l[:14]]
+    else:
+        rows = measure(ns)
+    emit = []
+    emit += [{"measured": r} for r in rows if not ns.measured]
+    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu)
+    emit += [{"fit": f} for f in fits.values()] + results + [summary(results)]
+    for obj in emit:
+        line = json.dumps(obj)
+        print(line, flush=True)
+        if ns.out:
+            with open(ns.out, "a") as f:
+                f.write(line + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,263 @@
+#include "sim_communicator.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+namespace mlsl {
+namespace {
+
+constexpr int64_t kShortAllgather = 512 * 1024;  // MPICH's MPIR_CVAR_ALLGATHER_LONG_MSG_SIZE
+constexpr int64_t kShortBroadcast = 12288;       // MPICH's MPIR_CVAR_BCAST_SHORT_MSG_SIZE
+constexpr double kDoneSeconds = 1e-12;           // a link part this close to zero has completed
+
+int Log2Floor(int p) {
+  int k = 0;
+  while ((2 << k) <= p) ++k;
+  return k;  // p >= 1
+}
+int Log2Ceil(int p) {
+  int k = 0;
+  while ((1 << k) < p) ++k;
+  return k;
+}
+
+// An allreduce among q participants that each hold n bytes, over links of (alpha, beta).
+SimCost FlatAllreduce(const std::string& algorithm, int q, double n, double alpha, double beta, double gamma) {
+  SimCost c;
+  if (q <= 1) return c;
+  if (algorithm == "ring") {
+    c.latency = 2.0 * (q - 1) * alpha + double(q - 1) / q * n * gamma;
+    c.link = 2.0 * (q - 1) / q * n * beta;
+    return c;
+  }
+  const int lg = Log2Floor(q);
+  const int pof2 = 1 << lg;
+  if (algorithm == "rd") {
+    c.latency = lg * (alpha + n * gamma);
+    c.link = lg * n * beta;
+  } else {  // rabenseifner
+    c.latency = 2.0 * lg * alpha + double(pof2 - 1) / pof2 * n * gamma;
+    c.link = 2.0 * (pof2 - 1) / pof2 * n * beta;
+  }
+  if (pof2 != q) {  // fold the extra ranks in, send them the result after
+    c.latency += 2 * alpha + n * gamma;
+    c.link += 2 * n * beta;
+  }
+  return c;
+}
+
+class SimPending : public PendingOp {
+ public:
+  SimPending(const SimNetwork* net, uint64_t handle) : net_(net), handle_(handle) {}
+  Status Test(bool* done) override {
+    *done = net_->Done(handle_);
+    return Status::Ok();
+  }
+
+ private:
+  const SimNetwork* net_;
+  uint64_t handle_;
+};
+
+int64_t Sum(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (int64_t x : v) s += x;
+  return s;
+}
+
+}  // namespace
+
+std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
+  if (f.allreduce != "auto") return f.allreduce;
+  // MPICH also falls back to recursive doubling when there are fewer elements than ranks.
+  const int hosts = (f.ranks + f.ranks_per_host - 1) / f.ranks_per_host;
+  if (bytes < f.short_allreduce || bytes / 4 < (int64_t(1) << Log2Floor(std::max(1, hosts)))) return "rd";
+  return "rabenseifner";
+}
+
+SimCost AllreduceCost(const SimFabric& f, int64_t bytes) {
+  const int r = std::max(1, std::min(f.ranks_per_host, f.ranks));
+  const int hosts = (f.ranks + r - 1) / r;
+  SimCost c = FlatAllreduce(AllreduceAlgorithm(f, bytes), hosts, double(bytes), f.alpha, f.beta, f.gamma);
+  if (r > 1) {  // reduce inside the host, allreduce between hosts, bcast inside the host
+    const double steps = Log2Ceil(r);
+    c.latency += steps * (f.alpha_shm + bytes * f.beta_shm + bytes * f.gamma);
+    c.latency += steps * (f.alpha_shm + bytes * f.beta_shm);
+  }
+  return c;
+}
+
+SimCost AllgatherCost(const SimFabric& f, int64_t total_bytes) {
+  const int p = f.ranks;
+  SimCost c;
+  if (p <= 1) return c;
+  c.latency = (total_bytes < kShortAllgather ? Log2Ceil(p) : p - 1) * f.alpha + total_bytes * f.codec;
+  c.link = double(p - 1) / p * total_bytes * f.beta;
+  return c;
+}
+
+SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes) {
+  const int p = f.ranks;
+  const int r = std::max(1, std::min(f.ranks_per_host, p));
+  SimCost c;
+  if (p <= 1) return c;
+  c.latency = (p - 1) * f.alpha + sent_bytes * f.codec;
+  c.link = double(p - r) / p * sent_bytes * r * f.beta;
+  return c;
+}
+
+SimCost BroadcastCost(const SimFabric& f, int64_t bytes) {
+  const int p = f.ranks;
+  SimCost c;
+  if (p <= 1) return c;
+  if (bytes < kShortBroadcast) {
+    c.latency = Log2Ceil(p) * f.alpha;
+    c.link = Log2Ceil(p) * bytes * f.beta;
+  } else {
+    c.latency = (Log2Ceil(p) + p - 1) * f.alpha;
+    c.link = 2.0 * (p - 1) / p * bytes * f.beta;
+  }
+  return c;
+}
+
+SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes) {
+  const int p = f.ranks;
+  SimCost c;
+  if (p <= 1) return c;
+  c.latency = (p - 1) * f.alpha + double(p - 1) / p * total_bytes * f.gamma;
+  c.link = double(p - 1) / p * total_bytes * f.beta;
+  return c;
+}
+
+SimCost BarrierCost(const SimFabric& f) {
+  SimCost c;
+  c.latency = Log2Ceil(f.ranks) * f.alpha;
+  return c;
+}
+
+std::chrono::steady_clock::time_point SimNetwork::Now() const {
+  using D = std::chrono::steady_clock::duration;
+  return std::chrono::steady_clock::time_point(std::chrono::duration_cast<D>(std::chrono::duration<double>(now_)));
+}
+
+uint64_t SimNetwork::Start(SimCost c) {
+  const uint64_t h = next_handle_++;
+  if (c.total() > 0) ops_[h] = Op{now_ + c.latency, c.link};
+  return h;
+}
+
+double SimNetwork::NextChange(int* sharing) const {
+  int k = 0;
+  for (const auto& [h, op] : ops_) k += op.latency_end <= now_;
+  double next = std::numeric_limits<double>::infinity();
+  for (const auto& [h, op] : ops_) {
+    next = std::min(next, op.latency_end > now_ ? op.latency_end : now_ + op.link_left * k / rate_);
+  }
+  *sharing = k;
+  return next;
+}
+
+bool SimNetwork::link_active() const {
+  for (const auto& [h, op] : ops_) {
+    if (op.latency_end <= now_) return true;
+  }
+  return false;
+}
+
+double SimNetwork::NextEvent() const {
+  int k;
+  return NextChange(&k);
+}
+
+void SimNetwork::AdvanceTo(double t) {
+  while (true) {
+    int k = 0;
+    const double change = NextChange(&k);
+    const double until = std::min(change, t);
+    const double dt = std::max(0.0, until - now_);
+    if (k > 0) {
+      for (auto& [h, op] : ops_) {
+        if (op.latency_end > now_) continue;
+        // The operation whose completion is the change completes exactly (no rounding residue).
+        const bool completes = change <= t && now_ + op.link_left * k / rate_ <= change;
+        op.link_left = completes ? 0 : op.link_left - dt * rate_ / k;
+      }
+      link_busy_ += dt;
+    }
+    now_ = std::max(now_, until);
+    for (auto it = ops_.begin(); it != ops_.end();) {
+      if (it->second.latency_end <= now_ && it->second.link_left <= kDoneSeconds) {
+        it = ops_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (change >= t) break;
+  }
+}
+
+Topology SimCommunicator::topology() const {
+  const SimFabric& f = net_->fabric();
+  Topology t;
+  t.local_size = std::max(1, std::min(f.ranks_per_host, f.ranks));
+  t.cross_size = (f.ranks + t.local_size - 1) / t.local_size;
+  return t;
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Start(SimCost c) {
+  return std::make_unique<SimPending>(net_, net_->Start(c));
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                                      const void* send) {
+  const int64_t bytes = count * int64_t(DataTypeSize(dtype));
+  if (send && send != buf && bytes) std::memcpy(buf, send, bytes);
+  return Start(AllreduceCost(net_->fabric(), bytes));
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Control(uint64_t* words, int64_t count) {
+  return Start(AllreduceCost(net_->fabric(), count * int64_t(sizeof(uint64_t))));
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) {
+  int64_t at = 0;  // every rank sent what this one did
+  for (int64_t b : bytes) {
+    if (b && b <= bytes[0]) std::memcpy(static_cast<char*>(recv) + at, send, b);
+    at += b;
+  }
+  return Start(AllgatherCost(net_->fabric(), Sum(bytes)));
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Broadcast(void* buf, int64_t bytes, int root) {
+  return Start(BroadcastCost(net_->fabric(), bytes));
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
+                                                      void* recv, const std::vector<int64_t>& recv_bytes) {
+  int64_t at = 0;  // rank r sends this rank what this rank sends rank 0: its own slice 0
+  for (int64_t b : recv_bytes) {
+    const int64_t n = std::min(b, send_bytes.empty() ? 0 : send_bytes[0]);
+    if (n) std::memcpy(static_cast<char*>(recv) + at, send, n);
+    at += b;
+  }
+  return Start(AlltoallCost(net_->fabric(), Sum(send_bytes)));
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::ReduceScatter(const void* send, void* recv,
+                                                          const std::vector<int64_t>& counts, DataType dtype,
+                                                          ReduceOp op) {
+  const int64_t esize = int64_t(DataTypeSize(dtype));
+  if (!counts.empty() && counts[0] && send != recv) std::memcpy(recv, send, counts[0] * esize);
+  return Start(ReduceScatterCost(net_->fabric(), Sum(counts) * esize));
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Barrier() { return Start(BarrierCost(net_->fabric())); }
+
+Status SimCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) {
+  *out = std::make_unique<SimCommunicator>(net_);
+  return Status::Ok();
+}
+
+}  // namespace mlsl

@@ -1,0 +1,135 @@
+// SimCommunicator: rank 0 of N identical data-parallel ranks on a virtual clock; every operation
+// completes when virtual time passes its start plus the alpha-beta cost of the algorithm MPICH
+// would pick for it, its link time shared with the other operations in flight.
+//
+// Cost model (Thakur, Rabenseifner & Gropp, "Optimization of Collective Communication Operations
+// in MPICH", 2005; p = ranks, n = bytes per rank, alpha = seconds per message, beta = seconds
+// per byte of one host's link, gamma = seconds per byte reduced locally):
+//   allreduce, recursive doubling   log2(p) (alpha + n beta + n gamma)           n <  2 KiB (MPICH's
+//                                                                                MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE)
+//   allreduce, Rabenseifner          2 log2(p) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma   n >= 2 KiB
+//   allreduce, ring                  2 (p-1) alpha + 2 (p-1)/p n beta + (p-1)/p n gamma     (on request)
+//   p not a power of two: recursive doubling and Rabenseifner first fold the extra ranks into
+//   the largest power of two below p and send them the result after: + 2 (alpha + n beta) + n gamma.
+//   ranks_per_host r > 1 (MPICH's SMP-aware collectives): a binomial reduce inside the host,
+//   the allreduce above over the p/r hosts, a binomial bcast inside the host; the intra-host
+//   steps cost log2(r) (alpha_shm + n beta_shm) each (plus n gamma per reduce step).
+//   allgather(v) of n bytes in all   short (< 512 KiB): log2(p) alpha; long: (p-1) alpha; + (p-1)/p n beta
+//   alltoall(v), n bytes sent        (p-1) alpha + (p-r)/p n beta r   (pairwise; the r ranks of a host share its link)
+//   broadcast of n bytes             short (< 12 KiB): log2(p) (alpha + n beta); long: scatter + allgather,
+//                                    (log2(p) + p-1) alpha + 2 (p-1)/p n beta
+//   reduce-scatter, n bytes in all   (p-1) alpha + (p-1)/p n (beta + gamma)       (pairwise)
+//   barrier                          log2(p) alpha                                 (dissemination)
+//   all-to-all and allgather(v) also pay codec x bytes of latency (the bf16 path's CPU work).
+// Each cost has a latency part (alpha and intra-host terms, gamma) and a link part (beta terms,
+// at the full link). Sharing: operations in their link part progress together, each at 1/k of
+// the link when k are in that part (processor sharing), as chunks on separate communicators
+// share one NIC. The latency parts never contend.
+//
+// One process stands for every rank: results are the local data (a sum over identical ranks
+// is not formed; the simulator only needs the timing). Control messages keep their words.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "communicator.h"
+#include "time_source.h"
+
+namespace mlsl {
+
+struct SimFabric {
+  int ranks = 8;
+  int ranks_per_host = 1;
+  double alpha = 1e-6;               // s per inter-host message
+  double beta = 8.0 / 100e9;         // s per byte on one host's link (100 Gbit/s)
+  double alpha_shm = 0.3e-6;         // s per intra-host (shared memory) message
+  double beta_shm = 1.0 / 10e9;      // s per byte copied through shared memory
+  double gamma = 0;                  // s per byte reduced (0: not modelled)
+  std::string allreduce = "auto";    // auto (MPICH's choice) | rd | rabenseifner | ring
+  int64_t short_allreduce = 2048;    // auto: recursive doubling below this many bytes
+  // CPU s per byte of 16-bit data on the compressed path (wire.h): its encode and float32 reduce
+  // before the all-to-all, encode and decode around the allgather; charged to each as latency.
+  double codec = 0;
+};
+
+struct SimCost {
+  double latency = 0;  // s, not shared
+  double link = 0;     // s at the full link, shared with the other operations in flight
+  double total() const { return latency + link; }
+};
+
+// The algorithm `auto` picks for an allreduce of `bytes` (per rank): "rd" or "rabenseifner".
+std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes);
+SimCost AllreduceCost(const SimFabric& f, int64_t bytes);
+SimCost AllgatherCost(const SimFabric& f, int64_t total_bytes);
+SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes);
+SimCost BroadcastCost(const SimFabric& f, int64_t bytes);
+SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes);
+SimCost BarrierCost(const SimFabric& f);
+
+// The virtual clock and the link shared by every operation in flight. Time only moves by
+// AdvanceTo; it starts at 0 (seconds).
+class SimNetwork : public TimeSource {
+ public:
+  explicit SimNetwork(SimFabric fabric) : fabric_(std::move(fabric)) {}
+  const SimFabric& fabric() const { return fabric_; }
+  double now() const { return now_; }
+  std::chrono::steady_clock::time_point Now() const override;
+  // Starts an operation of cost c now; returns its handle.
+  uint64_t Start(SimCost c);
+  bool Done(uint64_t handle) const { return !ops_.count(handle); }
+  // When the next operation in flight completes (infinity when none is).
+  double NextEvent() const;
+  // Moves the clock to t (>= now), completing what finishes by then.
+  void AdvanceTo(double t);
+  int in_flight() const { return int(ops_.size()); }
+  // Whether some operation is in its link part now.
+  bool link_active() const;
+  // The fraction of the link's rate available from now on (1: all of it); the simulator lowers
+  // it while the CPU that drives the transfers is busy computing.
+  void set_link_rate(double fraction) { rate_ = fraction; }
+  // Link busy time so far (s): how long at least one operation was in its link part.
+  double link_busy() const { return link_busy_; }
+
+ private:
+  struct Op {
+    double latency_end;  // absolute
+    double link_left;    // s at the full link
+  };
+  // The next time something changes (a latency part ends or a link part completes).
+  double NextChange(int* sharing) const;
+  SimFabric fabric_;
+  double now_ = 0, link_busy_ = 0, rate_ = 1;
+  uint64_t next_handle_ = 0;
+  std::map<uint64_t, Op> ops_;
+};
+
+class SimCommunicator : public Communicator {
+ public:
+  explicit SimCommunicator(SimNetwork* net) : net_(net) {}
+  int rank() const override { return 0; }
+  int size() const override { return net_->fabric().ranks; }
+  Topology topology() const override;
+  std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
+                                       const void* send = nullptr) override;
+  std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override;
+  std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
+  std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;
+  std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
+                                       const std::vector<int64_t>& recv_bytes) override;
+  std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
+                                           DataType dtype, ReduceOp op) override;
+  std::unique_ptr<PendingOp> Barrier() override;
+  // Every rank is a member (the simulated ranks are identical): a new communicator on the same network.
+  Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
+
+ private:
+  std::unique_ptr<PendingOp> Start(SimCost c);
+  SimNetwork* net_;
+};
+
+}  // namespace mlsl

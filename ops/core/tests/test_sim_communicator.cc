@@ -1,0 +1,166 @@
+// The simulated communicator: each algorithm's alpha-beta cost against its formula, MPICH's
+// choice of algorithm, link sharing on the virtual clock, and the real Scheduler on that clock.
+#include <cmath>
+#include <vector>
+
+#include "../scheduler.h"
+#include "../sim_communicator.h"
+#include "check.h"
+
+using namespace mlsl;
+
+namespace {
+
+bool Near(double a, double b) { return std::fabs(a - b) <= 1e-12 + 1e-9 * std::fabs(b); }
+
+#define CHECK_NEAR(a, b)                                                                   \
+  do {                                                                                     \
+    double a_ = (a), b_ = (b);                                                             \
+    if (!Near(a_, b_)) {                                                                   \
+      ::mlsl_test::RecordFailure(__FILE__, __LINE__, "CHECK_NEAR(" #a ", " #b "): " +      \
+                                                         std::to_string(a_) + " vs " + std::to_string(b_)); \
+    }                                                                                      \
+  } while (0)
+
+SimFabric Fabric(int ranks, int per_host = 1) {
+  SimFabric f;
+  f.ranks = ranks;
+  f.ranks_per_host = per_host;
+  f.alpha = 2e-6;
+  f.beta = 1e-9;  // 1 GB/s
+  f.alpha_shm = 0.5e-6;
+  f.beta_shm = 1e-10;
+  return f;
+}
+
+}  // namespace
+
+TEST(sim_allreduce_short_is_recursive_doubling) {
+  SimFabric f = Fabric(8);
+  const double n = 1024;
+  CHECK_EQ(AllreduceAlgorithm(f, 1024), std::string("rd"));
+  CHECK_NEAR(AllreduceCost(f, 1024).total(), 3 * (f.alpha + n * f.beta));
+  f.gamma = 1e-10;
+  CHECK_NEAR(AllreduceCost(f, 1024).total(), 3 * (f.alpha + n * f.beta + n * f.gamma));
+}
+
+TEST(sim_allreduce_long_is_rabenseifner) {
+  SimFabric f = Fabric(8);
+  const double n = 1 << 20;
+  CHECK_EQ(AllreduceAlgorithm(f, 1 << 20), std::string("rabenseifner"));
+  SimCost c = AllreduceCost(f, 1 << 20);
+  CHECK_NEAR(c.latency, 2 * 3 * f.alpha);
+  CHECK_NEAR(c.link, 2.0 * 7 / 8 * n * f.beta);
+  // 6 ranks: fold 2 into 4, then send them the result.
+  f.ranks = 6;
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).total(), 2 * 2 * f.alpha + 2.0 * 3 / 4 * n * f.beta + 2 * (f.alpha + n * f.beta));
+}
+
+TEST(sim_allreduce_ring_and_one_rank) {
+  SimFabric f = Fabric(8);
+  f.allreduce = "ring";
+  const double n = 1 << 20;
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).total(), 2 * 7 * f.alpha + 2.0 * 7 / 8 * n * f.beta);
+  CHECK_NEAR(AllreduceCost(Fabric(1), 1 << 20).total(), 0.0);
+}
+
+TEST(sim_allreduce_hierarchical) {
+  // 16 ranks, 4 per host: reduce in the host, Rabenseifner over 4 hosts, bcast in the host.
+  SimFabric f = Fabric(16, 4);
+  const double n = 1 << 20;
+  SimCost c = AllreduceCost(f, 1 << 20);
+  CHECK_NEAR(c.link, 2.0 * 3 / 4 * n * f.beta);
+  CHECK_NEAR(c.latency, 2 * 2 * f.alpha + 2 * 2 * (f.alpha_shm + n * f.beta_shm));
+}
+
+TEST(sim_other_collectives) {
+  SimFabric f = Fabric(8);
+  const double big = 1 << 20, small = 4096;
+  CHECK_NEAR(AllgatherCost(f, 1 << 20).total(), 7 * f.alpha + 7.0 / 8 * big * f.beta);
+  CHECK_NEAR(AllgatherCost(f, 4096).total(), 3 * f.alpha + 7.0 / 8 * small * f.beta);
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).total(), 7 * f.alpha + 7.0 / 8 * big * f.beta);
+  CHECK_NEAR(AlltoallCost(Fabric(8, 2), 1 << 20).link, 6.0 / 8 * big * 2 * f.beta);
+  CHECK_NEAR(BroadcastCost(f, 4096).total(), 3 * (f.alpha + small * f.beta));
+  CHECK_NEAR(BroadcastCost(f, 1 << 20).total(), (3 + 7) * f.alpha + 2.0 * 7 / 8 * big * f.beta);
+  CHECK_NEAR(ReduceScatterCost(f, 1 << 20).total(), 7 * f.alpha + 7.0 / 8 * big * f.beta);
+  CHECK_NEAR(BarrierCost(f).total(), 3 * f.alpha);
+  f.codec = 1e-9;  // the compressed path's CPU work, as latency
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).latency, 7 * f.alpha + big * f.codec);
+  CHECK_NEAR(AllgatherCost(f, 1 << 20).latency, 7 * f.alpha + big * f.codec);
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).latency, 6 * f.alpha);
+}
+
+TEST(sim_network_shares_the_link) {
+  SimNetwork net(Fabric(8));
+  SimCost c{1e-6, 1e-3};
+  uint64_t a = net.Start(c), b = net.Start(c);
+  net.AdvanceTo(1.5e-3);
+  CHECK(!net.Done(a) && !net.Done(b));
+  // Both share the link from t = 1 us: each gets half, so both finish at 1 us + 2 ms.
+  CHECK_NEAR(net.NextEvent(), 1e-6 + 2e-3);
+  net.AdvanceTo(net.NextEvent());
+  CHECK(net.Done(a) && net.Done(b));
+  CHECK_NEAR(net.link_busy(), 2e-3);
+  // A second op joining halfway: the first has 0.5 ms left at full rate, then shares.
+  uint64_t x = net.Start(SimCost{0, 1e-3});
+  net.AdvanceTo(net.now() + 0.5e-3);
+  uint64_t y = net.Start(SimCost{0, 1e-3});
+  const double t0 = net.now();
+  while (!net.Done(x)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now() - t0, 1e-3);  // 0.5 ms of work at half rate
+  while (!net.Done(y)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now() - t0, 1.5e-3);
+  // At half the link's rate a 1 ms transfer takes 2 ms.
+  net.set_link_rate(0.5);
+  uint64_t z = net.Start(SimCost{0, 1e-3});
+  const double t1 = net.now();
+  while (!net.Done(z)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now() - t1, 2e-3);
+}
+
+TEST(sim_communicator_completes_on_virtual_time) {
+  SimNetwork net(Fabric(8));
+  SimCommunicator comm(&net);
+  std::vector<float> buf(1 << 18, 1.0f);
+  auto op = comm.Allreduce(buf.data(), int64_t(buf.size()), DataType::kFloat32, ReduceOp::kSum);
+  const double cost = AllreduceCost(net.fabric(), 1 << 20).total();
+  bool done = false;
+  CHECK(op->Test(&done).ok());
+  CHECK(!done);
+  net.AdvanceTo(cost * 0.99);
+  op->Test(&done);
+  CHECK(!done);
+  net.AdvanceTo(cost);
+  op->Test(&done);
+  CHECK(done);
+  CHECK_EQ(buf[0], 1.0f);
+  std::unique_ptr<Communicator> other;
+  CHECK(comm.Split({0, 1, 2, 3, 4, 5, 6, 7}, &other).ok());
+  CHECK_EQ(other->size(), 8);
+}
+
+TEST(sim_drives_the_real_scheduler_on_virtual_time) {
+  // 4 MiB in 1 MiB chunks, one in flight: four chunk costs back to back, measured by the
+  // scheduler's own clock (its timeline/pacer read the virtual time).
+  SimNetwork net(Fabric(8));
+  SimCommunicator comm(&net);
+  Executor executor(&comm);
+  Timeline timeline("", 0);
+  Stats stats;
+  SchedulerOptions o{1 << 20, 1, 0, false, &net};
+  Scheduler sched(&comm, &executor, &timeline, &stats, o);
+  std::vector<float> data(1 << 20, 1.0f);
+  Request r;
+  r.name = "g";
+  r.inputs = {TensorInput{data.data(), {int64_t(data.size())}}};
+  r.allocate_output = [&](int, const Shape&, void** out) { *out = data.data(); return Status::Ok(); };
+  double finished = -1;
+  sched.Add(0, RequestMeta::From(r), &r, [&](const Status& s) { finished = net.now(); }, net.Now());
+  while (finished < 0) {
+    sched.StartUpTo(sched.completed_prefix() + 1, {false});
+    if (finished >= 0) break;
+    net.AdvanceTo(net.NextEvent());
+    sched.Progress();
+  }
+  CHECK_NEAR(finished, 4 * AllreduceCost(net.fabric(), 1 << 20).total());
+}

@@ -1,0 +1,83 @@
+"""benchmarks/calibrate_sim.py's pure parts: the jobs it launches, reading their output, the fits,
+and a round trip -- runs made by the simulator with known figures are fitted back and predicted."""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import calibrate_sim  # noqa: E402
+
+# Three layers; gradients in the late ones; 60 ms of compute per step, split by FLOPs.
+TABLE = {"model": "tiny", "layers": [{"name": "a", "flops": 3, "grads": [20_000]},
+                                     {"name": "b", "flops": 2, "grads": [1_000_000]},
+                                     {"name": "c", "flops": 1, "grads": [3_000_000, 4_000]}]}
+
+
+@pytest.fixture(scope="module")
+def binary():
+    path = ROOT / "build" / "mlsl_sim"
+    if not path.exists() and (ROOT / "Makefile").exists():
+        subprocess.run(["make", "-s", "sim"], cwd=ROOT, check=True, timeout=900)
+    if not path.exists():
+        pytest.skip("build/mlsl_sim is not built (make sim)")
+    os.environ["MLSL_SIM_BINARY"] = str(path)
+    return str(path)
+
+
+def test_training_command():
+    cmd = calibrate_sim.training_command("/py", 3, "1gbit", 2, ["compute", "overlap"])
+    assert cmd[0] == "/py" and cmd[1].endswith("benchmarks/training.py")
+    assert cmd[2:] == ["--models", "resnet50", "--links", "1gbit", "--np", "3", "--configs", "compute,overlap",
+                       "--runs", "2"]
+
+
+def test_parse_medians_keeps_only_median_lines():
+    lines = ['{"job": {"step_s": 9}}', "not json",
+             json.dumps({"median": {"model": "resnet50", "link": "1gbit", "config": "fifo", "step_s": 1.5}}),
+             json.dumps({"median": {"model": "resnet50", "link": "1gbit", "config": "horovod", "runs": 0}})]
+    assert calibrate_sim.parse_medians(lines, 4) == [
+        {"hosts": 4, "rate": "1gbit", "config": "fifo", "model": "resnet50", "step_s": 1.5}]
+
+
+def test_fit_alpha_beta_recovers_a_linear_model():
+    model = lambda x, a, b: x[0] * a + x[1] * b  # noqa: E731
+    truth = (3e-6, 2e-9)
+    points = [(x, model(x, *truth)) for x in [(10, 1e6), (40, 3e6), (100, 1e5)]]
+    a, b = calibrate_sim.fit_alpha_beta(points, model, iterations=30)
+    assert a == pytest.approx(truth[0], rel=0.02) and b == pytest.approx(truth[1], rel=0.02)
+
+
+def test_fit_least_squares():
+    assert calibrate_sim.fit_least_squares(lambda x: (x - 1.3) ** 2) == pytest.approx(1.3, abs=1e-6)
+    assert calibrate_sim.fit_least_squares(lambda x: (x + 1) ** 2) == 0.0
+
+
+def test_fit_monotone():
+    assert calibrate_sim.fit_monotone(3.0, lambda x: 1 + x) == pytest.approx(2.0, abs=1e-6)
+    assert calibrate_sim.fit_monotone(0.5, lambda x: 1 + x) == 0.0
+
+
+def test_round_trip_through_the_simulator(binary):
+    alpha, beta, kappa, codec = 20e-6, 8e-9, 0.3, 2e-9
+    rows = []
+    for h in (2, 3):
+        rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": 0.06})
+        for config in ("comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"):
+            compute = 0.0 if config.startswith("comm") else 0.06
+            t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config],
+                                      0.0 if compute == 0 else kappa, codec=codec, cpu="both")
+            rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t})
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3])
+    fit = fits["1gbit"]
+    assert fit["beta_s_per_byte"] == pytest.approx(beta, rel=0.1)
+    assert fit["cpu_factor"] == pytest.approx(kappa, rel=0.1)
+    assert len(results) == 12 and all(abs(r["error"]) < 0.02 for r in results)
+    s = calibrate_sim.summary(results)["summary"]
+    assert s["held_out"] == 6 and s["held_out_within_10pct"] == 6 and s["all_within_10pct"] == 12

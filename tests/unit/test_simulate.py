@@ -1,0 +1,115 @@
+"""mlsl_tf.simulate and build/mlsl_sim on tiny models (seconds): obvious properties of the
+predictions, the config it writes, the ResNet-50 table, the command line end to end."""
+
+import json
+import math
+import os
+import pathlib
+import subprocess
+
+import pytest
+
+from mlsl_tf import simulate
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def binary():
+    path = ROOT / "build" / "mlsl_sim"
+    if not path.exists() and (ROOT / "Makefile").exists():
+        subprocess.run(["make", "-s", "sim"], cwd=ROOT, check=True, timeout=900)
+    if not path.exists():
+        pytest.skip("build/mlsl_sim is not built (make sim)")
+    return str(path)
+
+
+# Four layers, gradients concentrated in the late ones as in a CNN; 30 ms of compute.
+TINY = [("l0", 0.004, 0.008, [40_000, 256]), ("l1", 0.003, 0.006, [400_000]),
+        ("l2", 0.002, 0.004, [4_000_000]), ("l3", 0.001, 0.002, [8_000_000, 4_000])]
+
+
+def run(binary, policy, nodes=8, rate="1gbit", latency="5us", **kw):
+    text = simulate.config_text(TINY, nodes, simulate.parse_rate(rate), simulate.parse_seconds(latency), policy, **kw)
+    return simulate.run_config(text, binary)
+
+
+def test_parsers():
+    assert simulate.parse_rate("100gbit") == pytest.approx(12.5e9)
+    assert simulate.parse_rate("800mbit") == pytest.approx(1e8)
+    assert simulate.parse_rate("12.5GB") == pytest.approx(12.5e9)
+    assert simulate.parse_seconds("1us") == pytest.approx(1e-6)
+    assert simulate.parse_seconds("2.5ms") == pytest.approx(2.5e-3)
+    with pytest.raises(ValueError):
+        simulate.parse_rate("fast")
+
+
+def test_config_text_carries_the_policy_and_layers():
+    text = simulate.config_text(TINY, 16, 1e9, 1e-6, "horovod", ranks_per_host=4)
+    lines = text.splitlines()
+    assert "ranks 16" in lines and "ranks_per_host 4" in lines and "fifo 1" in lines
+    assert "cross_iteration 0" in lines and f"fusion_threshold {64 << 20}" in lines and "inflight 1" in lines
+    assert "layer l3 0.001 0.002 8000000 4000" in lines
+
+
+def test_infinite_bandwidth_hides_everything(binary):
+    r = run(binary, "fifo", rate="1e15B", latency="0us")
+    assert r["compute_s"] == pytest.approx(0.03)
+    assert r["efficiency"] == pytest.approx(1.0, abs=1e-6)
+
+
+def test_less_bandwidth_costs_time(binary):
+    fast, slow = run(binary, "overlap", rate="1gbit"), run(binary, "overlap", rate="500mbit")
+    assert slow["step_s"] > fast["step_s"]
+    assert slow["link_busy_s"] == pytest.approx(2 * fast["link_busy_s"], rel=0.05)
+
+
+def test_each_idea_helps_or_is_neutral(binary):
+    r = {p: run(binary, p) for p in ("fifo", "priority", "overlap", "bf16")}
+    assert r["priority"]["first_layer_exposed_s"] <= r["fifo"]["first_layer_exposed_s"] + 1e-9
+    assert r["overlap"]["first_layer_exposed_s"] < r["priority"]["first_layer_exposed_s"]
+    assert r["overlap"]["step_s"] < r["fifo"]["step_s"]
+    assert r["bf16"]["step_s"] < r["overlap"]["step_s"]
+    assert r["bf16"]["link_busy_s"] < r["overlap"]["link_busy_s"]
+
+
+def test_interference_slows_compute_while_the_link_is_busy(binary):
+    alone = run(binary, "overlap")
+    slowed = run(binary, "overlap", overrides={"interference": 0.5})
+    assert slowed["step_s"] > alone["step_s"] and slowed["interference"] == 0.5
+    idle = run(binary, "overlap", rate="1e15B", latency="0us", overrides={"interference": 0.5})
+    assert idle["efficiency"] == pytest.approx(1.0, abs=1e-3)  # a link never busy slows nothing
+
+
+def test_more_nodes_are_not_faster(binary):
+    steps = [run(binary, "overlap", nodes=n)["step_s"] for n in (2, 8, 64, 1024)]
+    assert steps == sorted(steps)
+
+
+def test_timed_layers_split_compute_by_flops():
+    table = {"layers": [{"name": "a", "flops": 1, "grads": [4]}, {"name": "b", "flops": 3, "grads": []}]}
+    layers = simulate.timed_layers(table, 0.3, bwd_ratio=2)
+    assert [round(l[1], 9) for l in layers] == [0.025, 0.075] and [round(l[2], 9) for l in layers] == [0.05, 0.15]
+    given = {"layers": [{"name": "a", "fwd_s": 1.0, "bwd_s": 2.0, "grads": [4]}]}
+    assert simulate.timed_layers(given) == [("a", 1.0, 2.0, [4])]
+
+
+def test_resnet50_table():
+    t = simulate.load_table("resnet50")
+    grads = [g for l in t["layers"] for g in l["grads"]]
+    assert len(grads) == 214 and sum(grads) == 4 * 25_583_592  # keras ResNet50: 25.6 M trainable parameters
+    assert 7e9 < t["flops_per_image"] < 9e9
+
+
+def test_command_line_writes_json_lines_and_png(binary, tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("MLSL_SIM_BINARY", binary)
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps({"model": "tiny", "layers": [
+        {"name": n, "fwd_s": f, "bwd_s": b, "grads": g} for n, f, b, g in TINY]}))
+    png, out = tmp_path / "eff.png", tmp_path / "out.jsonl"
+    assert simulate.main(["--model", str(model), "--nodes", "2,16", "--policies", "fifo,overlap",
+                          "--link", "1gbit", "--png", str(png), "--out", str(out)]) == 0
+    lines = [json.loads(l) for l in capsys.readouterr().out.splitlines()]
+    assert [(l["nodes"], l["label"]) for l in lines] == [(2, "fifo"), (2, "overlap"), (16, "fifo"), (16, "overlap")]
+    assert all(0 < l["efficiency"] <= 1 and not math.isnan(l["step_s"]) for l in lines)
+    assert png.stat().st_size > 1000 and len(out.read_text().splitlines()) == 4
