@@ -93,7 +93,7 @@ def mpi_chain(comm, nbytes, k, fresh):
         for _ in range(k):
             comm.Allreduce(MPI.IN_PLACE, msg, op=MPI.SUM)
             if fresh:
-                buf *= scale
+                np.multiply(buf, scale, out=buf)
     run()
     return run
 
