@@ -2,10 +2,7 @@
 and a round trip -- runs made by the simulator with known figures are fitted back and predicted."""
 
 import json
-import math
-import os
 import pathlib
-import subprocess
 import sys
 
 import pytest
@@ -21,14 +18,8 @@ TABLE = {"model": "tiny", "layers": [{"name": "a", "flops": 3, "grads": [20_000]
 
 
 @pytest.fixture(scope="module")
-def binary():
-    path = ROOT / "build" / "mlsl_sim"
-    if not path.exists() and (ROOT / "Makefile").exists():
-        subprocess.run(["make", "-s", "sim"], cwd=ROOT, check=True, timeout=900)
-    if not path.exists():
-        pytest.skip("build/mlsl_sim is not built (make sim)")
-    os.environ["MLSL_SIM_BINARY"] = str(path)
-    return str(path)
+def binary(sim_binary):
+    return sim_binary
 
 
 def test_training_command():

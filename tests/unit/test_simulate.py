@@ -3,9 +3,7 @@ predictions, the config it writes, the ResNet-50 table, the command line end to 
 
 import json
 import math
-import os
 import pathlib
-import subprocess
 
 import pytest
 
@@ -15,13 +13,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def binary():
-    path = ROOT / "build" / "mlsl_sim"
-    if not path.exists() and (ROOT / "Makefile").exists():
-        subprocess.run(["make", "-s", "sim"], cwd=ROOT, check=True, timeout=900)
-    if not path.exists():
-        pytest.skip("build/mlsl_sim is not built (make sim)")
-    return str(path)
+def binary(sim_binary):
+    return sim_binary
 
 
 # Four layers, gradients concentrated in the late ones as in a CNN; 30 ms of compute.
