@@ -54,6 +54,10 @@ const std::vector<SettingInfo>& AllSettings() {
        "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "
        "default (one per core of the machine, too many with several ranks per machine)",
        T::kThreads, 1, 1024, "auto|tf"},
+      {"MLSL_TF_THREAD_SPINNING", "0",
+       "1: TensorFlow's thread pools spin while they wait for work (TensorFlow's default); 0: they sleep, "
+       "leaving the cores to the background thread and the other ranks of the machine",
+       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no"},
       {"MLSL_TF_CROSS_ITERATION", "1",
        "1: DistributedOptimizer / DistributedGradientTape apply each variable's update just before its next "
        "access (the next forward pass), so reductions overlap the next step; 0: apply inside the step",
