@@ -288,7 +288,7 @@ void Scheduler::Complete(uint64_t seq) {
 std::chrono::microseconds Scheduler::PollInterval() const {
   int64_t bytes = 0;
   for (const auto& u : inflight_) bytes += u->bytes;
-  return pacer_.Interval(bytes);
+  return options_.one_host ? std::chrono::microseconds(0) : pacer_.Interval(bytes);
 }
 
 void Scheduler::Progress() {

@@ -41,6 +41,8 @@ struct SchedulerOptions {
   int64_t fusion_threshold;  // 0 = no fusion
   bool fifo;
   const TimeSource* clock = nullptr;  // null: steady_clock; must outlive the scheduler
+  // Every member on this host (MPI moves the data only inside Test): poll, never pace.
+  bool one_host = false;
 };
 
 class Scheduler {
