@@ -1,7 +1,7 @@
 """Calibrates the simulator (mlsl_tf.simulate) on emulated-host runs and validates it: measured vs
 predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 10% or not.
 
-    sudo python benchmarks/calibrate_sim.py [--hosts 2,3,4] [--rates 1gbit,10gbit] [--runs 3]
+    sudo python benchmarks/calibrate_sim.py [--hosts 2,3,4] [--rates 1gbit,10gbit] [--runs 3] [--configs ...]
         [--out benchmarks/results/calibration.jsonl]         # measure (root: namespaces), fit, validate
     python benchmarks/calibrate_sim.py --measured FILE.jsonl  # fit and validate earlier measurements
 
@@ -65,7 +65,7 @@ def measure(ns):
     rows = []
     for rate in ns.rates:
         for hosts in ns.hosts:
-            cmd = training_command(ns.python, hosts, rate, ns.runs, CONFIGS)
+            cmd = training_command(ns.python, hosts, rate, ns.runs, ns.configs)
             print(json.dumps({"running": cmd}), file=sys.stderr, flush=True)
             out = subprocess.run(cmd, capture_output=True, text=True, timeout=ns.timeout)
             got = parse_medians(out.stdout.splitlines(), hosts)
@@ -183,6 +183,8 @@ def main(argv=None):
     p.add_argument("--hosts", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3, 4])
     p.add_argument("--rates", type=split, default=["1gbit", "10gbit"])
     p.add_argument("--runs", type=int, default=3)
+    p.add_argument("--configs", type=split, default=list(CONFIGS),
+                   help="training.py configurations to measure (compute, comm and overlap are what the fit needs)")
     p.add_argument("--fit-hosts", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3, 4],
                    help="host counts whose comm, comm_bf16 and overlap runs are fitted on (default: all)")
     p.add_argument("--measured", help="skip measuring: training.py JSON lines (or this script's --out) to fit on")
