@@ -68,8 +68,7 @@ bool SameKind(const RequestMeta& a, const RequestMeta& b) {
 }  // namespace
 
 Scheduler::Scheduler(Communicator* comm, Executor* executor, Timeline* timeline, Stats* stats, SchedulerOptions options)
-    : comm_(comm), executor_(executor), timeline_(timeline), stats_(stats), options_(options),
-      one_host_(comm->topology().cross_size == 1) {}
+    : comm_(comm), executor_(executor), timeline_(timeline), stats_(stats), options_(options) {}
 
 Scheduler::~Scheduler() = default;
 
@@ -287,14 +286,13 @@ void Scheduler::Complete(uint64_t seq) {
 }
 
 std::chrono::microseconds Scheduler::PollInterval() const {
-  if (one_host_) return std::chrono::microseconds(0);
   int64_t bytes = 0;
   for (const auto& u : inflight_) bytes += u->bytes;
-  return pacer_.Interval(bytes);
+  return options_.one_host ? std::chrono::microseconds(0) : pacer_.Interval(bytes);
 }
 
 void Scheduler::Progress() {
-  if (!one_host_) pacer_.Poll(Now(), !inflight_.empty());
+  pacer_.Poll(Now(), !inflight_.empty());
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();
     bool done = false;

@@ -41,6 +41,8 @@ struct SchedulerOptions {
   int64_t fusion_threshold;  // 0 = no fusion
   bool fifo;
   const TimeSource* clock = nullptr;  // null: steady_clock; must outlive the scheduler
+  // Every member on this host (MPI moves the data only inside Test): poll, never pace.
+  bool one_host = false;
 };
 
 class Scheduler {
@@ -107,9 +109,6 @@ class Scheduler {
   std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> residuals_;
   Status slot_error_;
   Pacer pacer_;
-  // Every member on this host (comm's topology): MPI moves the data only inside Test, and the
-  // pacer's rate would read latency-bound small transfers as a slow network, so never pace.
-  const bool one_host_;
 };
 
 }  // namespace mlsl

@@ -165,18 +165,15 @@ TEST(sim_drives_the_real_scheduler_on_virtual_time) {
   CHECK_NEAR(finished, 4 * AllreduceCost(net.fabric(), 1 << 20).total());
 }
 
-// Longest sleep the scheduler asked for between tests while 64 MiB crossed 1 GB/s links, the
-// 8 ranks on 8 hosts or all on one (whose shared memory is made as slow as the network).
+// Longest sleep the scheduler asked for between tests while 64 MiB crossed a 1 GB/s fabric.
 static int64_t LongestPacedSleep(bool one_host) {
-  SimFabric f = Fabric(8, one_host ? 8 : 1);
-  f.alpha_shm = f.alpha;
-  f.beta_shm = f.beta;
-  SimNetwork net(f);
+  SimNetwork net(Fabric(8));
   SimCommunicator comm(&net);
   Executor executor(&comm);
   Timeline timeline("", 0);
   Stats stats;
   SchedulerOptions o{1 << 20, 1, 0, false, &net};
+  o.one_host = one_host;
   Scheduler sched(&comm, &executor, &timeline, &stats, o);
   std::vector<float> data(16 << 20, 1.0f);
   Request r;
