@@ -189,11 +189,14 @@ def comm_only(ns, hvd, tf, model, batch, warmup, steps):
     for k in range(warmup):
         float(step(tf.constant(float(k))))
     times = []
+    cpu_before = thread_cpu()
     for k in range(steps):
         start = time.perf_counter()
         float(step(tf.constant(float(k))))
         times.append(time.perf_counter() - start)
-    return {"step_s": statistics.median(times), "mean_step_s": sum(times) / len(times)}
+    cpu = {k: round((v - cpu_before.get(k, 0.0)) / steps, 4) for k, v in thread_cpu().items()}
+    return {"step_s": statistics.median(times), "mean_step_s": sum(times) / len(times),
+            "cpu_s_per_step": {k: v for k, v in sorted(cpu.items()) if v > 0}}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -344,22 +347,31 @@ def plot(summaries, path):
 
 
 def draw_timeline(trace_path, png_path):
-    """Two consecutive steps of the trace: picks the window between the third- and first-last
-    burst of 'start' events (one burst per step's backward pass)."""
+    """Two consecutive steps of the trace, ending one step before its end (the last step's late
+    reductions have no next forward pass beside them)."""
     sys.path.insert(0, ROOT)
     from mlsl_tf import timeline
     trace = timeline.load(trace_path).for_rank(0)
-    starts = sorted(i.at_us for i in trace.instants if i.kind == "start")
-    bursts, last = [], None
-    for t in starts:
-        if last is None or t - last > 50e3:
-            bursts.append(t)
-        last = t
-    if len(bursts) >= 4:
-        window = trace.window(bursts[-4] - 5e3, bursts[-2] - 5e3)
-    else:
-        window = trace
+    window = trace.window(*two_steps(trace))
     timeline.draw(window, png_path, title="rank 0: two consecutive training steps (overlap)", order="name")
+
+
+def two_steps(trace):
+    """(start_us, end_us) of the two steps before the last one: every gradient starts once per step,
+    so the step boundaries are one gradient's 'start' times (the first of a step's backward
+    pass: the gradient whose starts come earliest within their step). Gaps inside a backward
+    pass (VGG-16's layers take hundreds of ms) cannot split a step this way."""
+    starts = {}
+    for i in trace.instants:
+        if i.kind == "start":
+            starts.setdefault(i.name, []).append(i.at_us)
+    steps = max((len(v) for v in starts.values()), default=0)
+    if steps < 4:
+        return None, None
+    full = {n: sorted(v) for n, v in starts.items() if len(v) == steps}
+    first = min(full.values(), key=lambda v: v[-1])  # starts first in the last step
+    margin = 0.02 * (first[-1] - first[-2])
+    return first[-4] - margin, first[-2] - margin
 
 
 def markdown(paths):

@@ -58,3 +58,18 @@ def test_markdown_table(tmp_path):
     table = training.markdown([str(path)]).splitlines()
     assert table[0] == "| model, link | compute | overlap |"
     assert table[2] == "| resnet50, 2gbit | 50.0 | 40.0 (80%, 1.10x hvd) |"
+
+
+def test_timeline_window_is_two_whole_steps_even_with_long_gaps_inside_a_backward_pass():
+    from mlsl_tf.timeline import Instant, Trace
+    step_us, instants = 3e6, []
+    for step in range(6):  # VGG-like: gradients of one backward pass 400 ms apart
+        t0 = step * step_us
+        for k, name in enumerate(["grad.31", "grad.26", "grad.10", "grad.0"]):
+            instants.append(Instant(name, "start", 0, "framework", t0 + 100e3 + k * 400e3, {}))
+    instants.append(Instant("warmup.extra", "start", 0, "framework", 50e3, {}))  # fewer starts: ignored
+    lo, hi = training.two_steps(Trace([], sorted(instants, key=lambda i: i.at_us), {}))
+    # from just before step 2's first gradient to just before step 4's: steps 2 and 3, whole
+    assert 2 * step_us < lo < 2 * step_us + 100e3 and 4 * step_us < hi < 4 * step_us + 100e3
+    assert hi - lo == 2 * step_us
+    assert training.two_steps(Trace([], instants[:12], {})) == (None, None)  # 3 steps: draw it all
