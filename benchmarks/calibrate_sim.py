@@ -8,9 +8,14 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
 1. Measure: per (hosts, rate), benchmarks/training.py runs ResNet-50 (batch 16 per rank) on one
    emulated host per rank (benchmarks/hosts.py) in each configuration: compute alone, gradients
    alone (comm, comm_bf16), fifo, priority, overlap, overlap_bf16. Its "median" lines are kept.
-2. Fit, per rate, from the measurements of --fit-hosts (default all): alpha and beta so that
-   the simulator's communication-alone step (every gradient submitted at once, no compute)
-   matches `comm` (Gauss-Newton on log alpha, log beta); the codec cost (CPU s per byte of the
+2. Fit, from the measurements of --fit-hosts (default all): per comm run, the beta (s per byte
+   on the busiest link, alpha fixed at --alpha) with which the simulator's communication-alone
+   step (every gradient submitted at once, no compute) matches `comm`; then, per rate, the
+   link's beta and, for the machine, the CPU's: the emulated hosts share --cores cores, so
+   when the kernel's TCP work is the bottleneck a byte costs c x (ranks sending at once per
+   core) -- beta(hosts) = max(beta_link, c x max(1, pof2(hosts) / cores)), pof2 being the
+   ranks MPICH's reduce-scatter/allgather runs among (measured: comm alone at 10 Gbit/s on
+   2, 3, 4 hosts takes 1 : 1.9 : 3.0, where the link alone says 1 : 2 : 1.5); the codec cost (CPU s per byte of the
    bf16 path) so that `comm_bf16` matches; then how much computing and communicating slow each
    other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
    link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
@@ -38,6 +43,42 @@ POLICY_OF = {"fifo": "fifo", "priority": "priority", "overlap": "overlap", "over
              "horovod": "horovod", "comm": "overlap", "comm_bf16": "bf16"}
 CONFIGS = ["compute", "comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"]
 TOLERANCE = 0.10
+ALPHA = 20e-6  # s per message over the emulated TCP links; 100 MB steps barely depend on it
+
+
+def pof2(n):
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def cpu_share(hosts, cores):
+    """Ranks moving bytes at once per core of the machine the emulated hosts share."""
+    return max(1.0, pof2(hosts) / cores)
+
+
+def effective_beta(beta_link, cpu_beta, hosts, cores):
+    return max(beta_link, cpu_beta * cpu_share(hosts, cores))
+
+
+def fit_link_and_cpu(points, cores, grid=200):
+    """points = {rate: [(hosts, beta_eff)]} -> ({rate: beta_link}, cpu_beta) minimising the squared
+    log error of effective_beta (grid search over the CPU's beta, then each rate's best beta_link)."""
+    logs = [math.log(b) for pts in points.values() for _, b in pts]
+    lo, hi = min(logs) - math.log(4 * cores), max(logs)
+
+    def best_link(pts, c):
+        # below every point's beta the link never binds: the smallest candidate stands for that
+        candidates = [math.exp(lo + (hi - lo) * j / grid) for j in range(grid + 1)]
+        return min(candidates, key=lambda bl: sum(math.log(effective_beta(bl, c, h, cores) / b) ** 2 for h, b in pts))
+
+    best = None
+    for i in range(grid + 1):
+        c = math.exp(lo + (hi - lo) * i / grid)
+        links = {rate: best_link(pts, c) for rate, pts in points.items()}
+        err = sum(math.log(effective_beta(links[rate], c, h, cores) / b) ** 2
+                  for rate, pts in points.items() for h, b in pts)
+        if best is None or err < best[0] - 1e-12:
+            best = (err, links, c)
+    return best[1], best[2]
 
 
 def training_command(python, hosts, rate, runs, configs, model="resnet50"):
@@ -85,34 +126,13 @@ def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, bina
     return simulate.run_config(text, binary)["step_s"]
 
 
-def fit_alpha_beta(points, model, start=(20e-6, 8e-9), iterations=8):
-    """Least squares in log space: points = [(x, measured)], model(x, alpha, beta) -> predicted."""
-    la, lb = math.log(start[0]), math.log(start[1])
+def fit_log_monotone(measured, model, lo=1e-12, hi=1e-6, iterations=40):
+    """The x in [lo, hi] with model(x) = measured, model increasing (bisection in log space)."""
+    a, b = math.log(lo), math.log(hi)
     for _ in range(iterations):
-        rows, rhs = [], []
-        for x, t in points:
-            f = model(x, math.exp(la), math.exp(lb))
-            da = (model(x, math.exp(la + 0.05), math.exp(lb)) - f) / 0.05
-            db = (model(x, math.exp(la), math.exp(lb + 0.05)) - f) / 0.05
-            rows.append((da / t, db / t))  # relative residuals: every point counts alike
-            rhs.append((t - f) / t)
-        # 2x2 normal equations, damped (Levenberg) so that one point or an unidentifiable alpha
-        # gives a small step instead of a singular system
-        a11 = sum(r[0] * r[0] for r in rows)
-        a12 = sum(r[0] * r[1] for r in rows)
-        a22 = sum(r[1] * r[1] for r in rows)
-        damp = 1e-3 * (a11 + a22) + 1e-12
-        a11, a22 = a11 + damp, a22 + damp
-        b1 = sum(r[0] * e for r, e in zip(rows, rhs))
-        b2 = sum(r[1] * e for r, e in zip(rows, rhs))
-        det = a11 * a22 - a12 * a12
-        if abs(det) < 1e-18:  # alpha not identifiable (e.g. one point): fit beta alone
-            step_a, step_b = 0.0, b2 / a22
-        else:
-            step_a, step_b = (a22 * b1 - a12 * b2) / det, (a11 * b2 - a12 * b1) / det
-        la += max(-2.0, min(2.0, step_a))
-        lb += max(-2.0, min(2.0, step_b))
-    return math.exp(la), math.exp(lb)
+        mid = (a + b) / 2
+        a, b = (mid, b) if model(math.exp(mid)) < measured else (a, mid)
+    return math.exp((a + b) / 2)
 
 
 def fit_monotone(measured, model, high=4.0, iterations=30):
@@ -137,23 +157,35 @@ def fit_least_squares(loss, high=4.0, iterations=40):
     return 0.0 if loss(0.0) <= loss(x) else x
 
 
-def validate(rows, table, fit_hosts, binary=None, cpu="both"):
-    """Fits per rate on fit_hosts, predicts every row; returns (fits, result rows)."""
+def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=2, alpha=ALPHA):
+    """Fits on fit_hosts, predicts every row; returns (fits per rate, result rows)."""
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
+    rates = sorted({r["rate"] for r in rows})
+    measured_betas = {}
+    for rate in rates:
+        pts = [(h, fit_log_monotone(by[(h, rate, "comm")],
+                                    lambda b, h=h: predict(table, 0, h, alpha, b, "overlap", binary=binary)))
+               for h in fit_hosts if (h, rate, "comm") in by]
+        if pts:
+            measured_betas[rate] = pts
+    if not measured_betas:
+        return {}, []
+    links, cpu_beta = fit_link_and_cpu(measured_betas, cores)
     fits, out = {}, []
-    for rate in sorted({r["rate"] for r in rows}):
-        comm = [(h, by[(h, rate, "comm")]) for h in fit_hosts if (h, rate, "comm") in by]
-        if not comm:
+    for rate in rates:
+        if rate not in links:
             continue
-        alpha, beta = fit_alpha_beta(comm, lambda h, a, b: predict(table, 0, h, a, b, "overlap", binary=binary))
+        beta_of = lambda h, rate=rate: effective_beta(links[rate], cpu_beta, h, cores)  # noqa: E731
         bf16 = [(h, by[(h, rate, "comm_bf16")]) for h in fit_hosts if (h, rate, "comm_bf16") in by]
-        codec = sum(fit_monotone(t, lambda c: predict(table, 0, h, alpha, beta, "bf16", binary=binary, codec=c),
+        codec = sum(fit_monotone(t, lambda c: predict(table, 0, h, alpha, beta_of(h), "bf16", binary=binary, codec=c),
                                  high=1e-6) for h, t in bf16) / len(bf16) if bf16 else 0.0
         runs = [(h, by[(h, rate, "compute")], by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
-        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta, "overlap", k, binary, cpu=cpu) / t - 1) ** 2
-                                                for h, c, t in runs)) if runs else 0.0
-        fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": beta, "algbw_gbit": 8 / beta / 1e9,
+        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap", k, binary, cpu=cpu)
+                                                 / t - 1) ** 2 for h, c, t in runs)) if runs else 0.0
+        fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
+                      "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
+                      "measured_betas": {str(h): b for h, b in measured_betas[rate]},
                       "codec_s_per_byte": codec, "cpu_model": cpu, "cpu_factor": kappa,
                       "fitted_on_hosts": list(fit_hosts)}
         for (h, r8, config), measured in sorted(by.items()):
@@ -161,7 +193,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both"):
                                                          and (h, rate, "compute") not in by):
                 continue
             compute = 0.0 if config.startswith("comm") else by[(h, rate, "compute")]
-            predicted = predict(table, compute, h, alpha, beta, POLICY_OF[config],
+            predicted = predict(table, compute, h, alpha, beta_of(h), POLICY_OF[config],
                                 0.0 if compute == 0 else kappa, binary, codec, cpu)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
@@ -191,6 +223,8 @@ def main(argv=None):
     p.add_argument("--cpu", choices=["interference", "contention", "both"], default="both",
                    help="how sharing the cores is modelled: compute slowed while the link carries data, or the "
                         "link slowed while compute runs, or both by the same factor (the one figure fitted on the overlap runs)")
+    p.add_argument("--cores", type=int, default=os.cpu_count(),
+                   help="cores of the machine the emulated hosts shared when measured (default: this one's)")
     p.add_argument("--out", help="append measurements, fits and results to this file")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=int, default=7200, help="seconds per (hosts, rate) job")
@@ -204,7 +238,7 @@ def main(argv=None):
         rows = measure(ns)
     emit = []
     emit += [{"measured": r} for r in rows if not ns.measured]
-    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu)
+    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu, cores=ns.cores)
     emit += [{"fit": f} for f in fits.values()] + results + [summary(results)]
     for obj in emit:
         line = json.dumps(obj)

@@ -37,12 +37,27 @@ def test_parse_medians_keeps_only_median_lines():
         {"hosts": 4, "rate": "1gbit", "config": "fifo", "model": "resnet50", "step_s": 1.5}]
 
 
-def test_fit_alpha_beta_recovers_a_linear_model():
-    model = lambda x, a, b: x[0] * a + x[1] * b  # noqa: E731
-    truth = (3e-6, 2e-9)
-    points = [(x, model(x, *truth)) for x in [(10, 1e6), (40, 3e6), (100, 1e5)]]
-    a, b = calibrate_sim.fit_alpha_beta(points, model, iterations=30)
-    assert a == pytest.approx(truth[0], rel=0.02) and b == pytest.approx(truth[1], rel=0.02)
+def test_fit_log_monotone():
+    assert calibrate_sim.fit_log_monotone(6e-9, lambda b: 3 * b) == pytest.approx(2e-9, rel=1e-6)
+
+
+def test_emulated_hosts_share_the_cores_of_one_machine():
+    # MPICH's reduce-scatter/allgather runs among the largest power of two of ranks
+    assert [calibrate_sim.pof2(n) for n in (1, 2, 3, 4, 5, 8)] == [1, 2, 2, 4, 4, 8]
+    assert [calibrate_sim.cpu_share(h, 2) for h in (2, 3, 4, 8)] == [1.0, 1.0, 2.0, 4.0]
+    assert calibrate_sim.effective_beta(8e-9, 1.5e-9, 4, 2) == 8e-9  # the slow link binds
+    assert calibrate_sim.effective_beta(1e-10, 1.5e-9, 4, 2) == 3e-9  # two ranks per core bind
+
+
+def test_fit_link_and_cpu_recovers_a_link_bound_and_a_cpu_bound_rate():
+    cpu, slow = 1.5e-9, 8e-9
+    points = {"1gbit": [(h, calibrate_sim.effective_beta(slow, cpu, h, 2)) for h in (2, 3, 4)],
+              "10gbit": [(h, calibrate_sim.effective_beta(1e-10, cpu, h, 2)) for h in (2, 3, 4)]}
+    assert [b for _, b in points["10gbit"]] == [cpu, cpu, 2 * cpu]  # 1 : 1 : 2, as measured
+    links, c = calibrate_sim.fit_link_and_cpu(points, 2, grid=400)
+    assert c == pytest.approx(cpu, rel=0.05)
+    assert links["1gbit"] == pytest.approx(slow, rel=0.05)
+    assert links["10gbit"] < cpu  # never the bottleneck
 
 
 def test_fit_least_squares():
