@@ -157,8 +157,10 @@ def fit_least_squares(loss, high=4.0, iterations=40):
     return 0.0 if loss(0.0) <= loss(x) else x
 
 
-def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=2, alpha=ALPHA):
-    """Fits on fit_hosts, predicts every row; returns (fits per rate, result rows)."""
+def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=ALPHA):
+    """Fits on fit_hosts, predicts every row; returns (fits per rate, result rows). cores: of the
+    machine the emulated hosts shared when measured (default: this one's)."""
+    cores = cores or os.cpu_count()
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
     rates = sorted({r["rate"] for r in rows})
     measured_betas = {}
@@ -225,6 +227,7 @@ def main(argv=None):
                         "link slowed while compute runs, or both by the same factor (the one figure fitted on the overlap runs)")
     p.add_argument("--cores", type=int, default=os.cpu_count(),
                    help="cores of the machine the emulated hosts shared when measured (default: this one's)")
+    p.add_argument("--alpha", type=float, default=ALPHA, help="s per message on the emulated links (fixed, not fitted)")
     p.add_argument("--out", help="append measurements, fits and results to this file")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=int, default=7200, help="seconds per (hosts, rate) job")
@@ -238,7 +241,7 @@ def main(argv=None):
         rows = measure(ns)
     emit = []
     emit += [{"measured": r} for r in rows if not ns.measured]
-    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu, cores=ns.cores)
+    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu, cores=ns.cores, alpha=ns.alpha)
     emit += [{"fit": f} for f in fits.values()] + results + [summary(results)]
     for obj in emit:
         line = json.dumps(obj)
