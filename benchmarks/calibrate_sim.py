@@ -127,12 +127,8 @@ def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, bina
 
 
 def fit_log_monotone(measured, model, lo=1e-12, hi=1e-6, iterations=40):
-    """The x in [lo, hi] with model(x) = measured, model increasing (bisection in log space)."""
-    a, b = math.log(lo), math.log(hi)
-    for _ in range(iterations):
-        mid = (a + b) / 2
-        a, b = (mid, b) if model(math.exp(mid)) < measured else (a, mid)
-    return math.exp((a + b) / 2)
+    """The x in [lo, hi] with model(x) = measured, model increasing (fit_monotone on log x / lo)."""
+    return lo * math.exp(fit_monotone(measured, lambda y: model(lo * math.exp(y)), math.log(hi / lo), iterations))
 
 
 def fit_monotone(measured, model, high=4.0, iterations=30):

@@ -114,6 +114,12 @@ def thread_cpu():
     return out
 
 
+def cpu_per_step(before, steps):
+    """CPU seconds per step by thread name since thread_cpu() returned `before` (threads that used none left out)."""
+    cpu = {k: round((v - before.get(k, 0.0)) / steps, 4) for k, v in thread_cpu().items()}
+    return {k: v for k, v in sorted(cpu.items()) if v > 0}
+
+
 def worker(ns):
     import tensorflow as tf
     if ns.impl == "horovod":
@@ -149,9 +155,8 @@ def worker(ns):
         start = time.perf_counter()
         model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
         times = [b - a for a, b in zip([start] + ends[:-1], ends)]
-        cpu = {k: round((v - cpu_before.get(k, 0.0)) / steps, 4) for k, v in thread_cpu().items()}
         result = {"step_s": statistics.median(times[1:]), "mean_step_s": (ends[-1] - start) / steps,
-                  "cpu_s_per_step": {k: v for k, v in sorted(cpu.items()) if v > 0}}
+                  "cpu_s_per_step": cpu_per_step(cpu_before, steps)}
         if ns.impl == "mlsl_tf":  # results still parked: the last step's updates were deferred
             from mlsl_tf import _library
             result["deferred_at_end"] = _library.c_api().mlsl_tf_parked()
@@ -194,9 +199,8 @@ def comm_only(ns, hvd, tf, model, batch, warmup, steps):
         start = time.perf_counter()
         float(step(tf.constant(float(k))))
         times.append(time.perf_counter() - start)
-    cpu = {k: round((v - cpu_before.get(k, 0.0)) / steps, 4) for k, v in thread_cpu().items()}
     return {"step_s": statistics.median(times), "mean_step_s": sum(times) / len(times),
-            "cpu_s_per_step": {k: v for k, v in sorted(cpu.items()) if v > 0}}
+            "cpu_s_per_step": cpu_per_step(cpu_before, steps)}
 
 
 # ---------------------------------------------------------------------------------------------
