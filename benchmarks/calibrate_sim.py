@@ -19,7 +19,11 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    bf16 path) so that `comm_bf16` matches; then how much computing and communicating slow each
    other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
    link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
-   the cores) so that the simulated `overlap` steps match. Per-layer compute = the measured `compute` step
+   the cores) so that the simulated `overlap` steps match; k is scaled by the ranks per core,
+   max(1, hosts / cores), as each rank's compute competes with that many ranks' TCP work
+   (fitted per host count, k at 10 Gbit/s was 0.85, 1.57, 1.87 on 2, 3, 4 hosts: 0.85, 1.05,
+   0.94 per rank per core). Several --measured files (passes of the same jobs) are fitted on
+   as the median of their samples per (hosts, rate, config). Per-layer compute = the measured `compute` step
    split by the table's FLOPs (backward = 2 x forward).
 3. Validate: every (hosts, rate, config) measured, predicted with the fitted figures; JSON lines
    {hosts, rate, config, measured_s, predicted_s, error, fitted_on} and a summary line. Rows
@@ -31,6 +35,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 
@@ -53,6 +58,12 @@ def pof2(n):
 def cpu_share(hosts, cores):
     """Ranks moving bytes at once per core of the machine the emulated hosts share."""
     return max(1.0, pof2(hosts) / cores)
+
+
+def ranks_per_core(hosts, cores):
+    """Ranks (one per emulated host) that share each core of the machine: how many processes'
+    TCP work competes with one rank's compute."""
+    return max(1.0, hosts / cores)
 
 
 def effective_beta(beta_link, cpu_beta, hosts, cores):
@@ -100,6 +111,31 @@ def parse_medians(lines, hosts):
             rows.append({"hosts": m.get("ranks", hosts), "rate": m["link"], "config": m["config"],
                          "model": m["model"], "step_s": m["step_s"]})
     return rows
+
+
+def read_measured(path):
+    """Rows of one file: this script's {"measured": ...} lines, or training.py's "median" lines (the
+    hosts taken from the file's "job" lines, which carry the rank count)."""
+    with open(path) as f:
+        lines = f.read().splitlines()
+    ranks = set()
+    for line in lines:
+        if line.startswith('{"job"'):
+            ranks.add(json.loads(line)["job"].get("ranks"))
+    ranks.discard(None)
+    if len(ranks) > 1:
+        raise ValueError(f"{path}: jobs of several rank counts {sorted(ranks)}; give one file per host count")
+    hosts = ranks.pop() if ranks else 2
+    return parse_medians(lines, hosts) + [json.loads(l)["measured"] for l in lines if l.startswith('{"measured"')]
+
+
+def aggregate(rows):
+    """One row per (hosts, rate, config, model): the median step of its samples, and how many there were."""
+    groups = {}
+    for r in rows:
+        groups.setdefault((r["hosts"], r["rate"], r["config"], r.get("model", "resnet50")), []).append(r["step_s"])
+    return [{"hosts": h, "rate": rate, "config": c, "model": m, "step_s": statistics.median(v), "samples": len(v)}
+            for (h, rate, c, m), v in sorted(groups.items())]
 
 
 def measure(ns):
@@ -158,6 +194,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
     machine the emulated hosts shared when measured (default: this one's)."""
     cores = cores or os.cpu_count()
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
+    samples = {(r["hosts"], r["rate"], r["config"]): r.get("samples", 1) for r in rows}
     rates = sorted({r["rate"] for r in rows})
     measured_betas = {}
     for rate in rates:
@@ -179,7 +216,8 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                                  high=1e-6) for h, t in bf16) / len(bf16) if bf16 else 0.0
         runs = [(h, by[(h, rate, "compute")], by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
-        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap", k, binary, cpu=cpu)
+        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap", k * ranks_per_core(h, cores),
+                                                         binary, cpu=cpu)
                                                  / t - 1) ** 2 for h, c, t in runs)) if runs else 0.0
         fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
                       "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
@@ -192,10 +230,11 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                 continue
             compute = 0.0 if config.startswith("comm") else by[(h, rate, "compute")]
             predicted = predict(table, compute, h, alpha, beta_of(h), POLICY_OF[config],
-                                0.0 if compute == 0 else kappa, binary, codec, cpu)
+                                0.0 if compute == 0 else kappa * ranks_per_core(h, cores), binary, codec, cpu)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
-                        "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted})
+                        "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted,
+                        "samples": samples[(h, rate, config)]})
     return fits, out
 
 
@@ -217,7 +256,9 @@ def main(argv=None):
                    help="training.py configurations to measure (compute, comm and overlap are what the fit needs)")
     p.add_argument("--fit-hosts", type=lambda s: [int(v) for v in s.split(",")], default=[2, 3, 4],
                    help="host counts whose comm, comm_bf16 and overlap runs are fitted on (default: all)")
-    p.add_argument("--measured", help="skip measuring: training.py JSON lines (or this script's --out) to fit on")
+    p.add_argument("--measured", nargs="+", metavar="FILE",
+                   help="skip measuring: training.py JSON lines (one host count per file) or this script's --out; "
+                        "samples of the same (hosts, rate, config) in several files are fitted on as their median")
     p.add_argument("--cpu", choices=["interference", "contention", "both"], default="both",
                    help="how sharing the cores is modelled: compute slowed while the link carries data, or the "
                         "link slowed while compute runs, or both by the same factor (the one figure fitted on the overlap runs)")
@@ -230,9 +271,7 @@ def main(argv=None):
     ns = p.parse_args(argv)
     table = simulate.load_table("resnet50")
     if ns.measured:
-        with open(ns.measured) as f:
-            lines = f.read().splitlines()
-        rows = parse_medians(lines, 2) + [json.loads(l)["measured"] for l in lines if '"measured"' in l[:14]]
+        rows = aggregate([r for path in ns.measured for r in read_measured(path)])
     else:
         rows = measure(ns)
     emit = []

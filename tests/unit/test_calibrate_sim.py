@@ -37,6 +37,27 @@ def test_parse_medians_keeps_only_median_lines():
         {"hosts": 4, "rate": "1gbit", "config": "fifo", "model": "resnet50", "step_s": 1.5}]
 
 
+def test_read_measured_takes_hosts_from_the_job_lines(tmp_path):
+    f = tmp_path / "cal_3_1gbit.jsonl"
+    f.write_text("\n".join([json.dumps({"job": {"ranks": 3, "config": "fifo", "step_s": 2.0}}),
+                            json.dumps({"median": {"model": "resnet50", "link": "1gbit", "config": "fifo", "step_s": 2.0}}),
+                            json.dumps({"measured": {"hosts": 4, "rate": "10gbit", "config": "comm",
+                                                     "model": "resnet50", "step_s": 0.4}})]) + "\n")
+    assert calibrate_sim.read_measured(str(f)) == [
+        {"hosts": 3, "rate": "1gbit", "config": "fifo", "model": "resnet50", "step_s": 2.0},
+        {"hosts": 4, "rate": "10gbit", "config": "comm", "model": "resnet50", "step_s": 0.4}]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text(json.dumps({"job": {"ranks": 2}}) + "\n" + json.dumps({"job": {"ranks": 4}}) + "\n")
+    with pytest.raises(ValueError, match="several rank counts"):
+        calibrate_sim.read_measured(str(mixed))
+
+
+def test_aggregate_takes_the_median_of_each_configuration():
+    row = lambda config, t: {"hosts": 2, "rate": "1gbit", "config": config, "model": "resnet50", "step_s": t}  # noqa: E731
+    got = calibrate_sim.aggregate([row("fifo", 1.0), row("fifo", 3.0), row("fifo", 1.2), row("comm", 0.5)])
+    assert got == [dict(row("comm", 0.5), samples=1), dict(row("fifo", 1.2), samples=3)]
+
+
 def test_fit_log_monotone():
     assert calibrate_sim.fit_log_monotone(6e-9, lambda b: 3 * b) == pytest.approx(2e-9, rel=1e-6)
 
@@ -47,6 +68,7 @@ def test_emulated_hosts_share_the_cores_of_one_machine():
     assert [calibrate_sim.cpu_share(h, 2) for h in (2, 3, 4, 8)] == [1.0, 1.0, 2.0, 4.0]
     assert calibrate_sim.effective_beta(8e-9, 1.5e-9, 4, 2) == 8e-9  # the slow link binds
     assert calibrate_sim.effective_beta(1e-10, 1.5e-9, 4, 2) == 3e-9  # two ranks per core bind
+    assert [calibrate_sim.ranks_per_core(h, 2) for h in (1, 2, 3, 4)] == [1.0, 1.0, 1.5, 2.0]
 
 
 def test_fit_link_and_cpu_recovers_a_link_bound_and_a_cpu_bound_rate():
@@ -77,10 +99,12 @@ def test_round_trip_through_the_simulator(binary):
         rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": 0.06})
         for config in ("comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"):
             compute = 0.0 if config.startswith("comm") else 0.06
-            t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config],
-                                      0.0 if compute == 0 else kappa, codec=codec, cpu="both")
+            # 3 ranks on 2 cores: each rank's compute meets 1.5 ranks' traffic
+            k = 0.0 if compute == 0 else kappa * calibrate_sim.ranks_per_core(h, 2)
+            t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config], k,
+                                      codec=codec, cpu="both")
             rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t})
-    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3])
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)
     fit = fits["1gbit"]
     assert fit["beta_s_per_byte"] == pytest.approx(beta, rel=0.1)
     assert fit["cpu_factor"] == pytest.approx(kappa, rel=0.1)
