@@ -2,7 +2,7 @@
 the same ranks, and Horovod where it can be run. One JSON line per message size, then a summary.
 
     mpiexec -n 2 python benchmarks/allreduce.py [--sizes 4096,1048576] [--reps 5] [--plot out.png]
-    python benchmarks/allreduce.py --np 2,3,4                 # one job per rank count, shared memory
+    python benchmarks/allreduce.py --np 2,3,4                 # one mlslrun job per rank count, shared memory
     python benchmarks/allreduce.py --link 2gbit [--np 2]      # launches itself under netlink.py
     ... --horovod-python /path/to/hvd-venv/bin/python         # Horovod as a separate MPI job
 

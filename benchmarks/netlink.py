@@ -19,6 +19,8 @@ import subprocess
 import sys
 import uuid
 
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: mlsl_tf
+
 # MPICH: no shared-memory shortcut between local ranks; every message goes over libfabric's TCP.
 TCP_ENV = {"MPIR_CVAR_NOLOCAL": "1", "MPIR_CVAR_CH4_NETMOD": "ofi", "FI_PROVIDER": "tcp"}
 
@@ -90,7 +92,7 @@ def mpiexec_next_to(python):
 
 def relaunch(script, argv, nranks, link=None):
     """Runs `script` with `argv` (minus the launcher-only --link/--np options) on `nranks` ranks
-    under mpiexec -- inside an emulated link of rate `link` when given, the script then also
+    under mlslrun -- inside an emulated link of rate `link` when given, the script then also
     getting `--link-name RATE`. Returns the exit status. For benchmarks' --link / --np."""
     if under_mpiexec():
         sys.exit("--link and --np start their own mpiexec: run this without mpiexec")
@@ -102,18 +104,22 @@ def relaunch(script, argv, nranks, link=None):
             skip = True
         elif not a.startswith(("--link=", "--np=")):
             passed.append(a)
-    cmd = [mpiexec_next_to(sys.executable) or "mpiexec", "-n", str(nranks), sys.executable,
+    # as users launch: mlslrun (python -m mlsl_tf.runner, the repository's package) over mpiexec
+    cmd = [sys.executable, "-m", "mlsl_tf.runner", "-np", str(nranks), sys.executable,
            os.path.abspath(script)] + passed
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
     if not link:
-        return subprocess.run(cmd).returncode
-    return run(link, cmd + ["--link-name", link])
+        return subprocess.run(cmd, env=env).returncode
+    return run(link, cmd + ["--link-name", link], env=env)
 
 
-def run(rate, argv, burst="256kb", latency="100ms"):
-    """Runs `argv` under an emulated link of `rate`; returns its exit status."""
+def run(rate, argv, burst="256kb", latency="100ms", env=None):
+    """Runs `argv` under an emulated link of `rate` (environment `env`, default os.environ, with
+    MPICH on TCP); returns its exit status."""
     with Link(rate, burst, latency) as link:
         try:
-            return subprocess.run(link.wrap(argv), env=link.env()).returncode
+            return subprocess.run(link.wrap(argv), env=link.env(env)).returncode
         except KeyboardInterrupt:
             return 130
 
