@@ -216,9 +216,10 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                                  high=1e-6) for h, t in bf16) / len(bf16) if bf16 else 0.0
         runs = [(h, by[(h, rate, "compute")], by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
-        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap", k * ranks_per_core(h, cores),
-                                                         binary, cpu=cpu)
+        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap",
+                                                         k * ranks_per_core(h, cores), binary, cpu=cpu)
                                                  / t - 1) ** 2 for h, c, t in runs)) if runs else 0.0
+        kappa_of = lambda h: kappa * ranks_per_core(h, cores)  # noqa: E731
         fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
                       "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
                       "measured_betas": {str(h): b for h, b in measured_betas[rate]},
@@ -230,7 +231,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                 continue
             compute = 0.0 if config.startswith("comm") else by[(h, rate, "compute")]
             predicted = predict(table, compute, h, alpha, beta_of(h), POLICY_OF[config],
-                                0.0 if compute == 0 else kappa * ranks_per_core(h, cores), binary, codec, cpu)
+                                0.0 if compute == 0 else kappa_of(h), binary, codec, cpu)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
                         "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted,
