@@ -16,8 +16,12 @@ MPI_Allreduce in place on its buffer and scales it with numpy, also in place (th
 itself can do). --mode chain: x = allreduce(x) on zeros with no op between, where TensorFlow may
 hand each result straight to the next allreduce; MPI runs the same K in-place calls.
 
---resnet50 adds one line: ResNet-50's 161 gradients (float32, their real sizes) issued together
-as fresh tensors in one tf.function, against one mpi4py Allreduce of the same total bytes.
+--resnet50 adds one line: ResNet-50's gradients (float32, their real sizes) made as fresh
+tensors (g * 1/size) and allreduced together in one tf.function, against one mpi4py Allreduce
+of the same total bytes. The step also produces the 102 MB of fresh gradients, which the MPI
+call does not: produce_s times the same function without the allreduces, and
+collective_over_mpi = (mlsl_s - produce_s) / mpi_one_allreduce_s. Horovod, when run, times the
+same step (horovod_s), so horovod_over_mlsl compares like with like.
 """
 
 import argparse
@@ -105,28 +109,49 @@ def resnet50_gradient_sizes():
     return [int(v.numpy().size) for v in model.trainable_variables]
 
 
-def resnet50_thunks(hvd, tf, comm, sizes):
-    """(mlsl thunk, mpi thunk): all gradients as fresh tensors allreduced in one tf.function,
-    forward order as priority, as DistributedOptimizer does; one MPI Allreduce of their bytes."""
-    import numpy as np
-    from mpi4py import MPI
+def resnet50_step(hvd, tf, sizes, tag, reduce=True):
+    """A thunk: all gradients as fresh tensors (g * 1/size) allreduced in one tf.function, forward
+    order as priority, as DistributedOptimizer does (checked once). reduce=False: the same
+    function producing the fresh gradients only, the compute part of the step."""
+    import inspect
     grads = [tf.ones([n], tf.float32) for n in sizes]
     scale = tf.constant(1.0 / hvd.size(), tf.float32)
+    ranked = "priority" in inspect.signature(hvd.allreduce).parameters  # Horovod has no priority
 
     @tf.function
     def step(grads):
-        return [hvd.allreduce(g * scale, op=hvd.Sum, name=f"rn50_{i}", priority=len(grads) - i)
-                for i, g in enumerate(grads)]
+        fresh = [g * scale for g in grads]
+        if not reduce:
+            return fresh
+        return [hvd.allreduce(g, op=hvd.Sum, name=f"{tag}_rn50_{i}", **({"priority": len(grads) - i} if ranked else {}))
+                for i, g in enumerate(fresh)]
 
     out = step(grads)
-    if any(float(tf.reduce_max(tf.abs(o - 1.0))) > 1e-6 for o in out):
-        raise RuntimeError("resnet50 gradients: wrong sum")
+    want = 1.0 if reduce else 1.0 / hvd.size()
+    if any(float(tf.reduce_max(tf.abs(o - want))) > 1e-6 for o in out):
+        raise RuntimeError(f"{tag}: resnet50 gradients: wrong values")
+    return lambda: step(grads)
+
+
+def mpi_one_allreduce(comm, sizes):
+    """A thunk: one in-place mpi4py Allreduce of all the gradients' bytes."""
+    import numpy as np
+    from mpi4py import MPI
     buf = np.ones(sum(sizes), np.float32)
 
     def mpi():
         comm.Allreduce(MPI.IN_PLACE, [buf, MPI.FLOAT], op=MPI.SUM)
     mpi()
-    return (lambda: step(grads)), mpi
+    return mpi
+
+
+def time_alternating(thunks, reps, timer):
+    """{name: median seconds of one call}, the thunks alternating within each repetition."""
+    samples = {name: [] for name in thunks}
+    for _ in range(reps):
+        for name, fn in thunks.items():
+            samples[name].append(timer.sample(fn, 1))
+    return {name: statistics.median(v) for name, v in samples.items()}
 
 
 def measure(impls, sizes, reps, timer):
@@ -145,32 +170,41 @@ def measure(impls, sizes, reps, timer):
     return out
 
 
-def horovod_inprocess(sizes, reps, timer, fresh):
+def horovod_inprocess(sizes, reps, timer, fresh, resnet50=False):
+    """({size: latency}, ResNet-50 step seconds or None), Horovod in this process."""
     import horovod.tensorflow as hvd_hvd
     import tensorflow as tf
     hvd_hvd.init()
-    return measure({"horovod": lambda b, k: hvd_chain(hvd_hvd, tf, b, k, "hvd", fresh)}, sizes, reps,
-                   timer)["horovod"]
+    lat = measure({"horovod": lambda b, k: hvd_chain(hvd_hvd, tf, b, k, "hvd", fresh)}, sizes, reps,
+                  timer)["horovod"]
+    rn50 = None
+    if resnet50:
+        step = resnet50_step(hvd_hvd, tf, resnet50_gradient_sizes(), "hvd")
+        rn50 = time_alternating({"horovod": step}, reps, timer)["horovod"]
+    return lat, rn50
 
 
-def horovod_subprocess(python, sizes, reps, nranks, mode):
+def horovod_subprocess(python, sizes, reps, nranks, mode, resnet50=False):
     """Runs this file under `python`'s venv (mpiexec next to it) in --impl horovod mode; returns
-    ({size: latency}, note)."""
+    ({size: latency}, ResNet-50 step seconds or None, note)."""
     mpiexec = netlink.mpiexec_next_to(python) if os.access(python, os.X_OK) else None
     if not mpiexec:
-        return {}, f"skipped: {python} or an mpiexec next to it is missing"
+        return {}, None, f"skipped: {python} or an mpiexec next to it is missing"
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_ENV)}
     cmd = [mpiexec, "-n", str(nranks), python, os.path.abspath(__file__), "--impl", "horovod",
-           "--sizes", ",".join(map(str, sizes)), "--reps", str(reps), "--mode", mode]
+           "--sizes", ",".join(map(str, sizes)), "--reps", str(reps), "--mode", mode] + \
+        (["--resnet50"] if resnet50 else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
     except subprocess.TimeoutExpired:
-        return {}, "failed: the Horovod job timed out"
+        return {}, None, "failed: the Horovod job timed out"
     rows = [json.loads(l) for l in proc.stdout.splitlines() if l.startswith("{")]
     if proc.returncode != 0 or not rows:
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
-        return {}, f"failed (exit {proc.returncode}): {tail[0]}"
-    return {r["size_bytes"]: r["latency_s"] for r in rows}, f"measured with {python}"
+        return {}, None, f"failed (exit {proc.returncode}): {tail[0]}"
+    rn50 = next((r["resnet50_s"] for r in rows if "resnet50_s" in r), None)
+    return ({r["size_bytes"]: r["latency_s"] for r in rows if "size_bytes" in r}, rn50,
+            f"measured with {python}")
 
 
 def wait_quietly(comm):
@@ -236,10 +270,12 @@ def run_ranks(ns):
     from mpi4py import MPI  # first: MPI_Init_thread(MULTIPLE), which mlsl_tf then reuses
     comm, timer = MPI.COMM_WORLD, Timer(MPI.COMM_WORLD)
     if ns.impl == "horovod":  # a child job started by horovod_subprocess
-        lat = horovod_inprocess(ns.sizes, ns.reps, timer, ns.mode == "fresh")
+        lat, rn50 = horovod_inprocess(ns.sizes, ns.reps, timer, ns.mode == "fresh", ns.resnet50)
         if comm.rank == 0:
             for nbytes, t in lat.items():
                 print(json.dumps({"size_bytes": nbytes, "latency_s": t}), flush=True)
+            if rn50 is not None:
+                print(json.dumps({"resnet50_s": rn50}), flush=True)
         return 0
     import mlsl_tf as hvd
     import tensorflow as tf
@@ -250,25 +286,29 @@ def run_ranks(ns):
     rn50 = None
     if ns.resnet50:
         sizes = resnet50_gradient_sizes()
-        mlsl_fn, mpi_fn = resnet50_thunks(hvd, tf, comm, sizes)
-        samples = {"mlsl": [], "mpi": []}
-        for _ in range(ns.reps):
-            samples["mlsl"].append(timer.sample(mlsl_fn, 1))
-            samples["mpi"].append(timer.sample(mpi_fn, 1))
-        m, p = statistics.median(samples["mlsl"]), statistics.median(samples["mpi"])
+        t = time_alternating({"mlsl": resnet50_step(hvd, tf, sizes, "mlsl"),
+                              "produce": resnet50_step(hvd, tf, sizes, "mlsl", reduce=False),
+                              "mpi": mpi_one_allreduce(comm, sizes)}, ns.reps, timer)
         rn50 = {"resnet50_gradients": len(sizes), "bytes": 4 * sum(sizes), "ranks": comm.size,
-                "mlsl_s": m, "mpi_one_allreduce_s": p, "mlsl_over_mpi": m / p, "target": "<= 1.05"}
-    hvd_lat, hvd_note = {}, "not importable"
+                "mlsl_s": t["mlsl"], "produce_s": t["produce"], "mpi_one_allreduce_s": t["mpi"],
+                "mlsl_over_mpi": t["mlsl"] / t["mpi"],
+                "collective_over_mpi": (t["mlsl"] - t["produce"]) / t["mpi"], "target": "<= 1.05",
+                "horovod_s": None}
+    hvd_lat, hvd_note, hvd_rn50 = {}, "not importable", None
     try:
         import horovod.tensorflow  # noqa: F401
-        hvd_lat, hvd_note = horovod_inprocess(ns.sizes, ns.reps, timer, fresh), "measured in-process"
+        (hvd_lat, hvd_rn50), hvd_note = horovod_inprocess(ns.sizes, ns.reps, timer, fresh, ns.resnet50), \
+            "measured in-process"
     except ImportError:
         if ns.horovod_python:
             hvd.shutdown()  # leave the cores to the Horovod job
             if comm.rank == 0:
-                hvd_lat, hvd_note = horovod_subprocess(ns.horovod_python, ns.sizes, ns.reps, comm.size, ns.mode)
+                hvd_lat, hvd_rn50, hvd_note = horovod_subprocess(ns.horovod_python, ns.sizes, ns.reps, comm.size,
+                                                                 ns.mode, ns.resnet50)
             wait_quietly(comm)
             hvd_note = comm.bcast(hvd_note)
+    if rn50 and hvd_rn50:
+        rn50.update(horovod_s=hvd_rn50, horovod_over_mlsl=hvd_rn50 / rn50["mlsl_s"])
     if comm.rank == 0:
         rows = [dict(row(b, lat, hvd_lat, hvd_note), ranks=comm.size, mode=ns.mode) for b in ns.sizes]
         for r in rows:

@@ -4,12 +4,14 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <cstdlib>
 #include <mutex>
 #include <string>
 
 #include "half.h"
 #include "reduce.h"
+#include "settings.h"
 
 namespace mlsl {
 namespace {
@@ -148,6 +150,137 @@ std::unique_ptr<PendingOp> TooLarge(const char* what) {
   return p;
 }
 
+// Buffers a ring allreduce receives into, kept for the next operation: memory that is reused
+// stays mapped, where MPI's allreduce mallocs a temporary per call that glibc may hand back
+// unmapped, so every page of it faults again in the copy (measured: ~770k faults in a sweep).
+class ScratchPool {
+ public:
+  // A buffer of at least `bytes` (kept at its size: growing a vector would clear it again).
+  std::vector<char> Take(size_t bytes) {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (size_t i = 0; i < free_.size(); ++i) {
+      if (free_[i].size() >= bytes) {
+        std::vector<char> v = std::move(free_[i]);
+        free_.erase(free_.begin() + i);
+        return v;
+      }
+    }
+    return std::vector<char>(bytes);
+  }
+  void Give(std::vector<char> v) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (free_.size() < kKeep) free_.push_back(std::move(v));
+  }
+
+ private:
+  static constexpr size_t kKeep = 4;
+  std::mutex mu_;
+  std::vector<std::vector<char>> free_;
+};
+
+// Allreduce among the ranks of one machine as a ring of point-to-point messages: p-1 steps of
+// reduce-scatter, each rank receiving one segment and reducing it into the output, then p-1
+// steps of allgather straight into the output. Out of place it receives into the output
+// itself (no temporary at all); in place into one segment of pooled scratch. Every segment is
+// reduced on exactly one rank and then copied, so all ranks hold identical bits. Driven by Test.
+class RingAllreduce : public PendingOp {
+ public:
+  RingAllreduce(MPI_Comm comm, int rank, int size, int tag, void* buf, int64_t count, DataType dtype, ReduceOp op,
+                const void* send, std::shared_ptr<ScratchPool> pool)
+      : comm_(comm), rank_(rank), size_(size), tag_(tag), buf_(static_cast<char*>(buf)),
+        send_(static_cast<const char*>(send && send != buf ? send : nullptr)), count_(count), dtype_(dtype), op_(op),
+        esize_(DataTypeSize(dtype)), pool_(std::move(pool)) {
+    offsets_.resize(size_ + 1, 0);
+    for (int i = 0; i < size_; ++i) offsets_[i + 1] = offsets_[i] + count_ / size_ + (i < count_ % size_ ? 1 : 0);
+    if (!send_) scratch_ = pool_->Take(size_t(offsets_[1] - offsets_[0]) * esize_);
+    if (size_ == 1) {
+      if (send_ && count_) std::memcpy(buf_, send_, size_t(count_) * esize_);
+      step_ = Steps();
+    } else {
+      Post();
+    }
+  }
+  ~RingAllreduce() override {
+    if (active_) {  // abandoned mid-way (a failure): MPI may still write into the scratch
+      for (MPI_Request& r : reqs_) if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      return;
+    }
+    if (!send_) pool_->Give(std::move(scratch_));
+  }
+
+  Status Test(bool* done) override {
+    if (!error_.empty()) return Status::Internal(error_);
+    while (step_ < Steps()) {
+      int flag = 0;
+      int rc = MPI_Testall(2, reqs_, &flag, MPI_STATUSES_IGNORE);
+      if (rc != MPI_SUCCESS) return Fail(MpiError("MPI_Testall(ring allreduce)", rc));
+      if (!flag) {
+        *done = false;
+        return Status::Ok();
+      }
+      active_ = false;
+      if (step_ < size_ - 1) {  // reduce-scatter: fold what arrived into the output
+        const int seg = RecvSegment();
+        char* out = Segment(buf_, seg);
+        if (send_) {
+          ReduceInto(out, Segment(send_, seg), Count(seg), dtype_, op_);
+        } else {
+          ReduceInto(out, scratch_.data(), Count(seg), dtype_, op_);
+        }
+      }
+      if (++step_ < Steps()) {
+        Post();
+        if (!error_.empty()) return Status::Internal(error_);
+      }
+    }
+    *done = true;
+    return Status::Ok();
+  }
+
+ private:
+  int Steps() const { return 2 * (size_ - 1); }
+  int Mod(int v) const { return ((v % size_) + size_) % size_; }
+  int64_t Count(int seg) const { return offsets_[seg + 1] - offsets_[seg]; }
+  char* Segment(char* base, int seg) const { return base + offsets_[seg] * int64_t(esize_); }
+  const char* Segment(const char* base, int seg) const { return base + offsets_[seg] * int64_t(esize_); }
+  // Step k < p-1 sends segment rank-k and receives rank-k-1 (reduce-scatter); afterwards this
+  // rank holds the reduced segment rank+1, and step p-1+j sends rank+1-j, receives rank-j.
+  int SendSegment() const { return step_ < size_ - 1 ? Mod(rank_ - step_) : Mod(rank_ + 1 - (step_ - size_ + 1)); }
+  int RecvSegment() const { return step_ < size_ - 1 ? Mod(rank_ - step_ - 1) : Mod(rank_ - (step_ - size_ + 1)); }
+
+  void Post() {
+    const int to = Mod(rank_ + 1), from = Mod(rank_ - 1);
+    const int s = SendSegment(), r = RecvSegment();
+    const bool first = step_ == 0;
+    const char* src = first && send_ ? Segment(send_, s) : Segment(buf_, s);
+    char* dst = step_ < size_ - 1 && !send_ ? scratch_.data() : Segment(buf_, r);
+    int rc = MPI_Irecv(dst, int(Count(r) * int64_t(esize_)), MPI_BYTE, from, tag_, comm_, &reqs_[0]);
+    if (rc == MPI_SUCCESS) rc = MPI_Isend(src, int(Count(s) * int64_t(esize_)), MPI_BYTE, to, tag_, comm_, &reqs_[1]);
+    active_ = true;
+    if (rc != MPI_SUCCESS) Fail(MpiError("MPI_Isend/MPI_Irecv(ring allreduce)", rc));
+  }
+  Status Fail(std::string e) {
+    error_ = std::move(e);
+    return Status::Internal(error_);
+  }
+
+  MPI_Comm comm_;
+  const int rank_, size_, tag_;
+  char* buf_;
+  const char* send_;
+  const int64_t count_;
+  const DataType dtype_;
+  const ReduceOp op_;
+  const size_t esize_;
+  std::shared_ptr<ScratchPool> pool_;
+  std::vector<char> scratch_;
+  std::vector<int64_t> offsets_;
+  MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
+  int step_ = 0;
+  bool active_ = false;
+  std::string error_;
+};
+
 class MpiCommunicator : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
@@ -184,6 +317,12 @@ class MpiCommunicator : public Communicator {
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                        const void* send) override {
     if (!FitsInt(count)) return TooLarge("allreduce");
+    const int64_t bytes = count * int64_t(DataTypeSize(dtype));
+    if (topo_.cross_size == 1 && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
+      // Every rank starts the same operations in the same order, so the tags agree.
+      tag_ = tag_ % kMaxRingTag + 1;
+      return std::make_unique<RingAllreduce>(comm_, rank_, size_, tag_, buf, count, dtype, op, send, pool_);
+    }
     auto p = std::make_unique<MpiPending>();
     int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op, topo_.cross_size > 1), comm_, p->request());
     return Checked(std::move(p), rc, "MPI_Iallreduce");
@@ -261,10 +400,14 @@ class MpiCommunicator : public Communicator {
     return true;
   }
 
+  static constexpr int kMaxRingTag = 32767;  // the least MPI_TAG_UB the standard allows
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   Topology topo_;
   UserOps user_;
+  const int64_t ring_bytes_ = SettingInt("MLSL_TF_RING_BYTES");
+  int tag_ = 0;
+  std::shared_ptr<ScratchPool> pool_ = std::make_shared<ScratchPool>();
 };
 
 }  // namespace

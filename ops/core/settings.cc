@@ -29,6 +29,10 @@ const std::vector<SettingInfo>& AllSettings() {
       {"MLSL_TF_CHUNK_BYTES", "1048576",
        "allreduces larger than this are cut into chunks of this size; the scheduler re-picks between chunks",
        T::kBytes, 256, int64_t(1) << 31},
+      {"MLSL_TF_RING_BYTES", "262144",
+       "allreduces of at least this many bytes among ranks of one machine run as a point-to-point ring that "
+       "reduces into the output and reuses its own buffers, instead of MPI's allreduce (0 = always MPI's)",
+       T::kBytes, 0, int64_t(1) << 31},
       {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64},
       {"MLSL_TF_FUSION_THRESHOLD", "1048576",
        "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",
