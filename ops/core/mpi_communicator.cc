@@ -201,8 +201,9 @@ class RingAllreduce : public PendingOp {
     }
   }
   ~RingAllreduce() override {
-    if (active_) {  // abandoned mid-way (a failure): MPI may still write into the scratch
+    if (active_) {  // abandoned mid-way (a failure): MPI may still write into the scratch, so leak it
       for (MPI_Request& r : reqs_) if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      new std::vector<char>(std::move(scratch_));
       return;
     }
     if (!send_) pool_->Give(std::move(scratch_));

@@ -1,7 +1,9 @@
 // MpiCommunicator: the Communicator over MPI, and the only file that includes <mpi.h>.
 // It is created by the thread that calls init and afterwards used only by the runtime's
 // background thread, which owns MPI (MPI is initialised with MPI_THREAD_MULTIPLE when mlsl_tf
-// initialises it, so a user's own mpi4py calls on other threads stay legal).
+// initialises it, so a user's own mpi4py calls on other threads stay legal). Allreduces of at
+// least MLSL_TF_RING_BYTES among the ranks of one machine run as its own point-to-point ring
+// that reuses its buffers; the rest, and everything across machines, as MPI's collectives.
 #pragma once
 
 #include <memory>

@@ -94,3 +94,13 @@ def test_average_and_grouped_fusion_take_the_ring():
     ga, gb = hvd.grouped_allreduce([a, b], op=hvd.Average, name="ring.grouped")
     np.testing.assert_allclose(ga.numpy(), np.full(N * 10 + 1, (N - 1) / 2))
     np.testing.assert_allclose(gb.numpy(), np.full(3, float(N - 1)))
+
+
+@pytest.mark.parametrize("n", [1, N + 1, 4099])
+def test_bool_or_and(n):
+    flags = tf.constant((np.arange(n) + R) % 3 == 0)
+    every = np.array([(np.arange(n) + r) % 3 == 0 for r in range(N)])
+    got_or = hvd.allreduce(flags, op=hvd.Max, name=f"ring.or.{n}")
+    got_and = hvd.allreduce(flags, op=hvd.Min, name=f"ring.and.{n}")
+    np.testing.assert_array_equal(got_or.numpy(), every.any(0))
+    np.testing.assert_array_equal(got_and.numpy(), every.all(0))
