@@ -37,6 +37,50 @@ int Query(int (*get)(const Runtime&)) {
   return get(*rt);
 }
 
+// Compares the settings that shape the collectives (settings.h: `agreed`) across ranks: with
+// different values ranks would start different MPI operations and hang. Every rank gathers
+// every rank's values, so every rank fails with the same message, naming setting and values.
+Status AgreeOnSettings(Communicator* comm) {
+  const std::string mine = AgreedSettings();
+  const int n = comm->size();
+  std::vector<int64_t> lengths(n);
+  const int64_t my_length = int64_t(mine.size());
+  auto op = comm->Allgatherv(&my_length, lengths.data(), std::vector<int64_t>(n, int64_t(sizeof(int64_t))));
+  Status s = Wait(op.get());
+  if (!s.ok()) return s;
+  int64_t total = 0;
+  for (int64_t l : lengths) total += l;
+  std::string all(size_t(total), '\0');
+  op = comm->Allgatherv(mine.data(), &all[0], lengths);
+  s = Wait(op.get());
+  if (!s.ok()) return s;
+  std::vector<std::vector<std::string>> lines(n);  // per rank, "NAME=value"
+  int64_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    const std::string text = all.substr(size_t(at), size_t(lengths[r]));
+    at += lengths[r];
+    for (size_t from = 0, nl; (nl = text.find('\n', from)) != std::string::npos; from = nl + 1) {
+      lines[r].push_back(text.substr(from, nl - from));
+    }
+  }
+  std::string error;
+  for (size_t i = 0; i < lines[0].size(); ++i) {
+    bool same = true;
+    for (int r = 1; r < n; ++r) same = same && i < lines[r].size() && lines[r][i] == lines[0][i];
+    if (same) continue;
+    const std::string name = lines[0][i].substr(0, lines[0][i].find('='));
+    error += "mlsl_tf: " + name + " must be the same on every rank (it shapes the collectives every rank starts):";
+    for (int r = 0; r < n && r < 16; ++r) {
+      const std::string& line = i < lines[r].size() ? lines[r][i] : std::string("?=?");
+      error += " rank " + std::to_string(r) + " has " + line.substr(line.find('=') + 1) + (r + 1 < n ? "," : "");
+    }
+    if (n > 16) error += " ...";
+    error += "\n";
+  }
+  if (!error.empty()) error.pop_back();
+  return error.empty() ? Status::Ok() : Status::InvalidArgument(error);
+}
+
 // Submits an add_group / remove_group request and waits for it (it needs every rank).
 int ChangeGroups(OpType op, std::vector<int> ranks, int id) {
   auto rt = CurrentRuntime();
@@ -76,6 +120,8 @@ extern "C" int mlsl_tf_init(void) {
   if (!bad.empty()) return mlsl::Fail(bad);
   std::unique_ptr<mlsl::Communicator> comm;
   mlsl::Status s = mlsl::CreateMpiCommunicator(&comm);
+  if (!s.ok()) return mlsl::Fail(s.message());
+  s = mlsl::AgreeOnSettings(comm.get());
   if (!s.ok()) return mlsl::Fail(s.message());
   static std::once_flag at_exit;
   // Registered after MPI's finaliser, so it runs before it.

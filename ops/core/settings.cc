@@ -28,22 +28,22 @@ const std::vector<SettingInfo>& AllSettings() {
        T::kInt, 0, 31536000},
       {"MLSL_TF_CHUNK_BYTES", "1048576",
        "allreduces larger than this are cut into chunks of this size; the scheduler re-picks between chunks",
-       T::kBytes, 256, int64_t(1) << 31},
+       T::kBytes, 256, int64_t(1) << 31, "", true},
       {"MLSL_TF_RING_BYTES", "262144",
        "allreduces of at least this many bytes among ranks of one machine run as a point-to-point ring that "
        "reduces into the output and reuses its own buffers, instead of MPI's allreduce (0 = always MPI's)",
-       T::kBytes, 0, int64_t(1) << 31},
-      {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64},
+       T::kBytes, 0, int64_t(1) << 31, "", true},
+      {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64, "", true},
       {"MLSL_TF_FUSION_THRESHOLD", "1048576",
        "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",
-       T::kBytes, 0, int64_t(1) << 31},
+       T::kBytes, 0, int64_t(1) << 31, "", true},
       {"MLSL_TF_CACHE_CAPACITY", "4096",
        "collective names whose agreement is remembered (a remembered name needs no negotiation); when there are "
        "more and every rank is idle, the least recently used are forgotten",
        T::kInt, 16, 1 << 24},
       {"MLSL_TF_PRIORITY", "priority",
        "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served",
-       T::kChoice, 0, 0, "priority|fifo"},
+       T::kChoice, 0, 0, "priority|fifo", true},
       {"MLSL_TF_WIRE_DTYPE", "float32",
        "wire type of float32 allreduces/reducescatters without an explicit compression",
        T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none"},
@@ -232,6 +232,16 @@ int64_t SettingInt(const std::string& name) {
   if (CheckSetting(info, SettingString(name), &value).empty()) return value;
   CheckSetting(info, info.default_value, &value);
   return value;
+}
+
+std::string AgreedSettings() {
+  std::string out;
+  for (const SettingInfo& s : AllSettings()) {
+    if (!s.agreed) continue;
+    const bool number = s.type == SettingType::kInt || s.type == SettingType::kBytes;
+    out += std::string(s.name) + "=" + (number ? std::to_string(SettingInt(s.name)) : SettingString(s.name)) + "\n";
+  }
+  return out;
 }
 
 }  // namespace mlsl

@@ -26,6 +26,9 @@ struct SettingInfo {
   SettingType type = SettingType::kText;
   int64_t min = 0, max = INT64_MAX;
   const char* choices = "";
+  // Shapes the collectives every rank starts (chunks, slots, fusion, order, algorithm): ranks
+  // with different values would start different MPI operations, so init() compares them.
+  bool agreed = false;
 };
 
 const std::vector<SettingInfo>& AllSettings();
@@ -43,5 +46,7 @@ std::string CheckSettings();
 // (CheckSettings ran at init; an invalid value here reads as the default).
 std::string SettingString(const std::string& name);
 int64_t SettingInt(const std::string& name);
+// "NAME=value\n" for every `agreed` setting, numbers parsed (so " 8 " and "8" compare equal).
+std::string AgreedSettings();
 
 }  // namespace mlsl

@@ -145,3 +145,24 @@ def test_join_in_tf_function():
     assert isinstance(last, tf.Tensor) and last.dtype == tf.int32
     assert int(last) == N - 1
     assert hvd.allgather_object(int(last)) == [N - 1] * N
+
+
+@pytest.mark.parametrize("name,mine", [("MLSL_TF_RING_BYTES", "0"), ("MLSL_TF_CHUNK_BYTES", "65536"),
+                                       ("MLSL_TF_PRIORITY", "fifo")])
+def test_settings_that_shape_collectives_must_agree(name, mine):
+    """One rank with a different chunk size, ring threshold or order would start other MPI
+    operations than its peers: init() fails on every rank, naming the setting and the values."""
+    import os
+    default = hvd.settings()[name].default
+    try:
+        if R == N - 1:
+            os.environ[name] = mine
+        hvd.shutdown()
+        with pytest.raises(RuntimeError, match=f"{name} must be the same on every rank") as e:
+            hvd.init()
+        assert f"rank {N - 1} has {mine}" in str(e.value) and f"rank 0 has {default}" in str(e.value)
+        assert not hvd.is_initialized()
+    finally:
+        os.environ.pop(name, None)
+        hvd.init()
+    np.testing.assert_allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum, name=f"agreed.{name}").numpy(), [N, N])
