@@ -2,6 +2,7 @@
 
 #include <sys/mman.h>
 
+#include <algorithm>
 #include <cstdint>
 
 namespace mlsl {
@@ -17,6 +18,28 @@ void AdviseHugePages(void* data, size_t bytes) {
   (void)data;
   (void)bytes;
 #endif
+}
+
+std::vector<char> BufferPool::Take(size_t bytes) {
+  auto best = free_.end();
+  for (auto it = free_.begin(); it != free_.end(); ++it) {
+    if (it->size() >= bytes && (best == free_.end() || it->size() < best->size())) best = it;
+  }
+  if (best == free_.end()) return std::vector<char>(bytes);
+  std::vector<char> v = std::move(*best);
+  free_.erase(best);
+  return v;
+}
+
+void BufferPool::Give(std::vector<char> v) {
+  if (v.empty() || v.size() > max_bytes_) return;
+  if (free_.size() < keep_) {
+    free_.push_back(std::move(v));
+    return;
+  }
+  auto smallest = std::min_element(free_.begin(), free_.end(),
+                                   [](const std::vector<char>& a, const std::vector<char>& b) { return a.size() < b.size(); });
+  if (smallest != free_.end() && smallest->size() < v.size()) *smallest = std::move(v);
 }
 
 }  // namespace mlsl

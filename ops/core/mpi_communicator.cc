@@ -10,6 +10,7 @@
 #include <string>
 
 #include "half.h"
+#include "memory.h"
 #include "reduce.h"
 #include "settings.h"
 
@@ -150,34 +151,6 @@ std::unique_ptr<PendingOp> TooLarge(const char* what) {
   return p;
 }
 
-// Buffers a ring allreduce receives into, kept for the next operation: memory that is reused
-// stays mapped, where MPI's allreduce mallocs a temporary per call that glibc may hand back
-// unmapped, so every page of it faults again in the copy (measured: ~770k faults in a sweep).
-class ScratchPool {
- public:
-  // A buffer of at least `bytes` (kept at its size: growing a vector would clear it again).
-  std::vector<char> Take(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (size_t i = 0; i < free_.size(); ++i) {
-      if (free_[i].size() >= bytes) {
-        std::vector<char> v = std::move(free_[i]);
-        free_.erase(free_.begin() + i);
-        return v;
-      }
-    }
-    return std::vector<char>(bytes);
-  }
-  void Give(std::vector<char> v) {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (free_.size() < kKeep) free_.push_back(std::move(v));
-  }
-
- private:
-  static constexpr size_t kKeep = 4;
-  std::mutex mu_;
-  std::vector<std::vector<char>> free_;
-};
-
 // Allreduce among the ranks of one machine as a ring of point-to-point messages: p-1 steps of
 // reduce-scatter, each rank receiving one segment and reducing it into the output, then p-1
 // steps of allgather straight into the output. Out of place it receives into the output
@@ -186,7 +159,7 @@ class ScratchPool {
 class RingAllreduce : public PendingOp {
  public:
   RingAllreduce(MPI_Comm comm, int rank, int size, int tag, void* buf, int64_t count, DataType dtype, ReduceOp op,
-                const void* send, std::shared_ptr<ScratchPool> pool)
+                const void* send, std::shared_ptr<BufferPool> pool)
       : comm_(comm), rank_(rank), size_(size), tag_(tag), buf_(static_cast<char*>(buf)),
         send_(static_cast<const char*>(send && send != buf ? send : nullptr)), count_(count), dtype_(dtype), op_(op),
         esize_(DataTypeSize(dtype)), pool_(std::move(pool)) {
@@ -206,7 +179,7 @@ class RingAllreduce : public PendingOp {
       new std::vector<char>(std::move(scratch_));
       return;
     }
-    if (!send_) pool_->Give(std::move(scratch_));
+    pool_->Give(std::move(scratch_));
   }
 
   Status Test(bool* done) override {
@@ -273,7 +246,7 @@ class RingAllreduce : public PendingOp {
   const DataType dtype_;
   const ReduceOp op_;
   const size_t esize_;
-  std::shared_ptr<ScratchPool> pool_;
+  std::shared_ptr<BufferPool> pool_;  // shared: an operation may outlive its communicator
   std::vector<char> scratch_;
   std::vector<int64_t> offsets_;
   MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
@@ -408,7 +381,8 @@ class MpiCommunicator : public Communicator {
   UserOps user_;
   const int64_t ring_bytes_ = SettingInt("MLSL_TF_RING_BYTES");
   int tag_ = 0;
-  std::shared_ptr<ScratchPool> pool_ = std::make_shared<ScratchPool>();
+  // The ring's in-place scratch, one segment per operation in flight on this communicator.
+  std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>(4, size_t(1) << 30);
 };
 
 }  // namespace

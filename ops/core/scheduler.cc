@@ -141,7 +141,7 @@ void Scheduler::Prepare(Work* w) {
   if (direct) {
     w->buf = static_cast<char*>(w->parts[0].outputs[0]);
   } else {
-    w->own = TakeBuffer(size_t(w->total) * esize);
+    w->own = spare_.Take(size_t(w->total) * esize);
     w->buf = w->own.data();
   }
   if (direct && w->meta.prescale == 1.0) {
@@ -343,32 +343,9 @@ void Scheduler::Finalize(Work* w) {
     p.finish(w->status);
   }
   if (last_started_ == w) last_started_ = nullptr;
-  if (!w->own.empty()) GiveBuffer(std::move(w->own));
+  spare_.Give(std::move(w->own));
   // Only fully started works finish, and those have moved to active_.
   active_.erase(std::find_if(active_.begin(), active_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; }));
-}
-
-std::vector<char> Scheduler::TakeBuffer(size_t bytes) {
-  auto best = spare_.end();
-  for (auto it = spare_.begin(); it != spare_.end(); ++it) {
-    if (it->size() >= bytes && (best == spare_.end() || it->size() < best->size())) best = it;
-  }
-  if (best == spare_.end()) return std::vector<char>(bytes);
-  std::vector<char> v = std::move(*best);
-  spare_.erase(best);
-  return v;
-}
-
-void Scheduler::GiveBuffer(std::vector<char> v) {
-  if (v.size() > kSpareMaxBytes) return;
-  if (spare_.size() >= kSpareBuffers) {  // keep the largest
-    auto smallest = std::min_element(spare_.begin(), spare_.end(),
-                                     [](const std::vector<char>& a, const std::vector<char>& b) { return a.size() < b.size(); });
-    if (smallest->size() >= v.size()) return;
-    *smallest = std::move(v);
-    return;
-  }
-  spare_.push_back(std::move(v));
 }
 
 void Scheduler::FailAll(const Status& status) {

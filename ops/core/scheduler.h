@@ -23,6 +23,7 @@
 
 #include "communicator.h"
 #include "executor.h"
+#include "memory.h"
 #include "meta.h"
 #include "pacer.h"
 #include "request.h"
@@ -84,11 +85,6 @@ class Scheduler {
   void RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined);
   void Complete(uint64_t seq);
   void Finalize(Work* w);
-  // Packed buffers (fused tensors, prescaled inputs) come back here when their work finishes
-  // and are handed out again: reused memory is already mapped, a fresh one faults per page.
-  // TakeBuffer's buffer may be larger than asked for.
-  std::vector<char> TakeBuffer(size_t bytes);
-  void GiveBuffer(std::vector<char> v);
   // The communicator of in-flight slot i, made on first use: chunks in different slots never
   // queue behind each other inside MPI, and a two-step (compressed) chunk's steps stay in order.
   Communicator* Slot(int i);
@@ -110,8 +106,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
   Work* last_started_ = nullptr;
   std::vector<std::unique_ptr<Communicator>> slots_;
-  static constexpr size_t kSpareBuffers = 8, kSpareMaxBytes = size_t(64) << 20;
-  std::vector<std::vector<char>> spare_;
+  // Packed buffers (fused tensors, prescaled inputs), handed back when their work finishes.
+  BufferPool spare_{8, size_t(64) << 20};
   // Error feedback: by collective name, the input and output rounding residuals.
   std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> residuals_;
   Status slot_error_;
