@@ -4,6 +4,8 @@
 #include <chrono>
 #include <thread>
 
+#include "eager.h"
+
 namespace mlsl {
 
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
@@ -30,9 +32,11 @@ Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
 
 void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count) {
   if (count == 0) return;
-  int64_t k = int64_t(inout[0]);
+  const int64_t k = int64_t(inout[0] & 0xffffffff), m = int64_t(inout[0] >> 32);
+  const int64_t min_end = m ? std::min(count, k + 1 + m) : count;
   for (int64_t i = 1; i <= k && i < count; ++i) inout[i] &= in[i];
-  for (int64_t i = k + 1; i < count; ++i) inout[i] = std::min(inout[i], in[i]);
+  for (int64_t i = k + 1; i < min_end; ++i) inout[i] = std::min(inout[i], in[i]);
+  if (min_end < count) CombineEager(in + min_end, inout + min_end, count - min_end);
 }
 
 }  // namespace mlsl

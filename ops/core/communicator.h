@@ -38,8 +38,10 @@ class Communicator {
   // buf (count elements) becomes the reduction over all ranks of send (in place when send is null).
   virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                                const void* send = nullptr) = 0;
-  // The runtime's control message, in place: words[0] = k is the same on every rank and kept;
-  // words[1..k] are combined by bitwise AND, words[k+1..count) by MIN.
+  // The runtime's control message, in place: words[0] = k | m << 32 is the same on every rank and
+  // kept; words[1..k] are combined by bitwise AND, the next m words by MIN (m = 0: all the rest),
+  // and the words after those are an eager region (eager.h). The message is combined whole:
+  // implementations must not cut it into pieces.
   virtual std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) = 0;
   // recv = concatenation, in rank order, of bytes[r] bytes from each rank r (send holds bytes[rank]).
   virtual std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) = 0;

@@ -240,4 +240,10 @@ std::string ValidateLocally(const Request& r, int size) {
   return "";
 }
 
+int64_t Elements(const RequestMeta& m) {
+  int64_t n = 0;
+  for (const Shape& s : m.shapes) n += NumElements(s);
+  return n;
+}
+
 }  // namespace mlsl

@@ -36,6 +36,9 @@ struct RequestMeta {
   int64_t RowElements(size_t i) const;
 };
 
+// Elements over all of its tensors.
+int64_t Elements(const RequestMeta& m);
+
 // Appends/reads a list of metas to/from a byte buffer (same layout on every rank).
 void SerializeMetas(const std::vector<RequestMeta>& metas, std::string* out);
 bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out);

@@ -8,8 +8,11 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
+#include "eager.h"
 #include "logging.h"
+#include "reduce.h"
 #include "settings.h"
 
 namespace mlsl {
@@ -123,6 +126,7 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       stall_warning_(SettingInt("MLSL_TF_STALL_WARNING_SECONDS")),
       stall_shutdown_(SettingInt("MLSL_TF_STALL_SHUTDOWN_SECONDS")),
       cache_capacity_(size_t(SettingInt("MLSL_TF_CACHE_CAPACITY"))),
+      eager_bytes_(SettingInt("MLSL_TF_EAGER_BYTES")),
       spin_(SettingInt("MLSL_TF_SPIN_US")),
       timeline_(SettingString("MLSL_TF_TIMELINE"), rank_),
       options_(OptionsFromSettings()),
@@ -328,9 +332,12 @@ bool Runtime::Cycle(bool* progress) {
   const int32_t num_ids = coordinator_.num_ids();
   const int num_groups = int(groups_.size());
   const int64_t flags_at = 1, joined_at = 2, shut_at = 2 + rank_words, ready_at = 2 + 2 * rank_words;
+  //                 [the largest eager region any rank wants next cycle, complemented] (MIN)
+  //                 [this cycle's eager region: small allreduces riding along (eager.h)]
   const int64_t done_at = ready_at + Words(num_ids);
-  std::vector<uint64_t> bits(done_at + num_groups, ~uint64_t(0));
-  bits[0] = uint64_t(done_at - 1);
+  const int64_t wanted_at = done_at + num_groups, eager_at = wanted_at + 1;
+  std::vector<uint64_t> bits(eager_at + eager_words_, ~uint64_t(0));
+  bits[0] = uint64_t(done_at - 1) | (uint64_t(num_groups + 1) << 32);
   if (join_) ClearBit(bits, joined_at, rank_);  // a joined rank is ready for everything
   if (stopping) ClearBit(bits, shut_at, rank_);
   if (!AllIdle()) bits[flags_at] &= ~kNobodyBusy;
@@ -351,6 +358,7 @@ bool Runtime::Cycle(bool* progress) {
   for (int g = 0; g < num_groups; ++g) {
     if (groups_[g]->member()) bits[done_at + g] = groups_[g]->scheduler->completed_prefix();
   }
+  bits[wanted_at] = ~uint64_t(FillEager(&bits, eager_at));
   Communicator* control = control_comm_ ? control_comm_.get() : comm_.get();
   auto op = control->Control(bits.data(), int64_t(bits.size()));
   Status s = Wait(op.get(), [this] {
@@ -409,8 +417,13 @@ bool Runtime::Cycle(bool* progress) {
   }
   std::sort(agreed.begin(), agreed.end());
   ++cycle_;
+  // Every rank has the same valid entries: those every rank contributed, reduced.
+  const std::vector<int32_t> eager = FinishEager(bits.data() + eager_at, eager_words_);
+  eager_words_ = int64_t(~bits[wanted_at]);
+  if (!eager.empty()) *progress = true;
   for (int32_t id : agreed) {
     coordinator_.Touch(id, cycle_);
+    if (std::binary_search(eager.begin(), eager.end(), id)) continue;
     const RequestMeta& meta = coordinator_.meta(id);
     auto it = pending_.find(meta.name);
     Request* mine = nullptr;
@@ -473,6 +486,79 @@ bool Runtime::Cycle(bool* progress) {
   }
   *progress = *progress || UnitEvents() != events_before;
   return true;
+}
+
+bool Runtime::Eager(const Local& l) const {
+  const RequestMeta& m = l.meta;
+  return eager_bytes_ > 0 && m.op == OpType::kAllreduce && m.group == 0 &&
+         !m.compressed() && !m.error_feedback && m.reduce_op != ReduceOp::kAdasum &&
+         l.request->inputs.size() == m.shapes.size() && Elements(m) * int64_t(DataTypeSize(m.dtype)) <= eager_bytes_;
+}
+
+int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
+  const int64_t end = int64_t(bits->size());
+  if (at < end) (*bits)[at] = 0;
+  if (join_) return 0;  // a joined rank contributes nothing, so nothing rides along
+  // Every small allreduce pending here asks for room (one that is being negotiated or reduced
+  // now will likely come back next step); only the ready ones ride along.
+  std::vector<std::pair<int32_t, const Local*>> ready;
+  int64_t wanted = 0, budget = eager_bytes_;
+  for (const auto& [name, l] : pending_) {
+    if (!Eager(l)) continue;
+    const int64_t bytes = Elements(l.meta) * int64_t(DataTypeSize(l.meta.dtype));
+    if (bytes > budget) continue;
+    budget -= bytes;
+    wanted += EagerEntryWords(bytes);
+    if (l.state == Local::kReady) ready.emplace_back(l.id, &l);
+  }
+  std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [id, l] : ready) {
+    const RequestMeta& m = l->meta;
+    const size_t esize = DataTypeSize(m.dtype);
+    const int64_t count = Elements(m), bytes = count * int64_t(esize);
+    char* data = static_cast<char*>(PutEager(bits->data(), end, &at, id, m.dtype, m.reduce_op, count));
+    if (!data) continue;  // next cycle's region is made for it
+    for (const TensorInput& t : l->request->inputs) {
+      const size_t n = size_t(NumElements(t.shape)) * esize;
+      if (n) std::memcpy(data, t.data, n);
+      data += n;
+    }
+    if (m.prescale != 1.0) ScaleInPlace(data - bytes, count, m.dtype, m.prescale);
+  }
+  // Nothing pending (a heartbeat cycle, or waiting for a slower rank): keep the region as it is,
+  // so a pause between two steps does not cost the next step its ride.
+  if (pending_.empty()) return eager_words_;
+  return wanted ? wanted + 1 : 0;
+}
+
+std::vector<int32_t> Runtime::FinishEager(const uint64_t* region, int64_t words) {
+  std::vector<int32_t> ids;
+  for (const EagerEntry& e : ValidEager(region, words)) {
+    ids.push_back(e.id);
+    const RequestMeta& meta = coordinator_.meta(e.id);
+    auto it = pending_.find(meta.name);  // it contributed, so it is here and ready
+    Request* r = it->second.request.get();
+    const size_t esize = DataTypeSize(meta.dtype);
+    const double post = meta.reduce_op == ReduceOp::kAverage ? meta.postscale / size_ : meta.postscale;
+    const char* src = static_cast<const char*>(e.data);
+    Status s;
+    for (size_t i = 0; i < r->inputs.size() && s.ok(); ++i) {
+      const int64_t count = NumElements(r->inputs[i].shape);
+      void* out = nullptr;
+      s = r->allocate_output(int(i), r->inputs[i].shape, &out);
+      if (s.ok() && count) {
+        std::memcpy(out, src, size_t(count) * esize);
+        ScaleInPlace(out, count, meta.dtype, post);
+      }
+      src += count * esize;
+    }
+    stats_.Request();
+    stats_.Eager();
+    if (timeline_.enabled()) timeline_.Instant(ShownName(meta.name), "eager", "queue", std::chrono::steady_clock::now());
+    Finish(meta.name, s);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
 }
 
 void Runtime::ForgetNames() {

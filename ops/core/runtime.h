@@ -17,6 +17,9 @@
 //      up to a window that is common knowledge (the MIN of every member's completed units, one
 //      word per group in the same control message, plus MLSL_TF_INFLIGHT) -- identically on
 //      all members.
+// Small ready allreduces of the world group (<= MLSL_TF_EAGER_BYTES) also ride in step 2's
+// message (eager.h): those every rank contributed come back reduced and finish there, one round
+// instead of two; the region's size is agreed a cycle ahead (the largest any rank asked for).
 // Groups (add_group / remove_group are agreed requests too) each have their own communicator,
 // executor and scheduler; collective names are per group; a rank marks the ids of groups it is
 // not in as ready, so they never wait for it. The control message has its own communicator.
@@ -121,6 +124,13 @@ class Runtime {
   void PinToCommCore();
   void RaisePriority();  // MLSL_TF_COMM_NICE
   void Finish(const std::string& name, const Status& s);
+  // Eager allreduces (eager.h): whether a request is of a kind and size that may ride in the
+  // control message (once ready); fills the region at (*bits)[at..) with this rank's ready ones
+  // and returns the region it wants next cycle (0: none); finishes the requests of a combined
+  // region's valid entries, returning their ids in order.
+  bool Eager(const Local& l) const;
+  int64_t FillEager(std::vector<uint64_t>* bits, int64_t at);
+  std::vector<int32_t> FinishEager(const uint64_t* region, int64_t words);
   void FinishJoin(int last_rank);
   // Refuses future submissions with `reason` and fails everything pending with it.
   void Close(const std::string& reason);
@@ -139,6 +149,8 @@ class Runtime {
   const std::chrono::seconds stall_warning_, stall_shutdown_;
   const size_t cache_capacity_;
   uint64_t cycle_ = 0;  // control cycles so far: the same count on every rank
+  const int64_t eager_bytes_;  // MLSL_TF_EAGER_BYTES
+  int64_t eager_words_ = 0;    // this cycle's eager region (agreed in the previous cycle)
   bool drain_ = false;   // this cycle takes no new requests (to forget names when all is quiet)
   uint64_t next_drain_ = 0, drain_until_ = 0;
   const std::chrono::microseconds spin_;  // MLSL_TF_SPIN_US

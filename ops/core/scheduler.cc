@@ -53,12 +53,6 @@ struct Scheduler::Unit {
 
 namespace {
 
-int64_t Elements(const RequestMeta& m) {
-  int64_t n = 0;
-  for (const Shape& s : m.shapes) n += NumElements(s);
-  return n;
-}
-
 bool SameKind(const RequestMeta& a, const RequestMeta& b) {
   return a.op == OpType::kAllreduce && b.op == OpType::kAllreduce && a.dtype == b.dtype &&
          a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group &&

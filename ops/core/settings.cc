@@ -33,6 +33,10 @@ const std::vector<SettingInfo>& AllSettings() {
        "allreduces of at least this many bytes among ranks of one machine run as a point-to-point ring that "
        "reduces into the output and reuses its own buffers, instead of MPI's allreduce (0 = always MPI's)",
        T::kBytes, 0, int64_t(1) << 31, "", true},
+      {"MLSL_TF_EAGER_BYTES", "8192",
+       "allreduces of at most this many bytes whose name every rank already knows ride in the control "
+       "message and finish in its one round trip (0 = never); also the most such data one message carries",
+       T::kBytes, 0, int64_t(1) << 20},
       {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64, "", true},
       {"MLSL_TF_FUSION_THRESHOLD", "1048576",
        "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",

@@ -99,7 +99,8 @@ SimCost AllgatherCost(const SimFabric& f, int64_t total_bytes) {
   const int p = f.ranks;
   SimCost c;
   if (p <= 1) return c;
-  c.latency = (total_bytes < kShortAllgather ? Log2Ceil(p) : p - 1) * f.alpha + total_bytes * f.codec;
+  c.latency = (total_bytes < kShortAllgather ? Log2Ceil(p) : p - 1) * f.alpha;
+  c.cpu = total_bytes * f.codec;
   c.link = double(p - 1) / p * total_bytes * f.beta;
   return c;
 }
@@ -109,7 +110,8 @@ SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes) {
   const int r = std::max(1, std::min(f.ranks_per_host, p));
   SimCost c;
   if (p <= 1) return c;
-  c.latency = (p - 1) * f.alpha + sent_bytes * f.codec;
+  c.latency = (p - 1) * f.alpha;
+  c.cpu = sent_bytes * f.codec;
   c.link = double(p - r) / p * sent_bytes * r * f.beta;
   return c;
 }
@@ -150,24 +152,37 @@ std::chrono::steady_clock::time_point SimNetwork::Now() const {
 
 uint64_t SimNetwork::Start(SimCost c) {
   const uint64_t h = next_handle_++;
-  if (c.total() > 0) ops_[h] = Op{now_ + c.latency, c.link};
+  if (c.total() > 0) ops_[h] = Op{c.cpu, c.latency, now_ + c.latency, c.link};
   return h;
 }
 
+std::map<uint64_t, SimNetwork::Op>::const_iterator SimNetwork::CpuHead() const {
+  for (auto it = ops_.begin(); it != ops_.end(); ++it) {
+    if (it->second.cpu_left > 0) return it;
+  }
+  return ops_.end();
+}
+
+bool SimNetwork::cpu_active() const { return CpuHead() != ops_.end(); }
+
 double SimNetwork::NextChange(int* sharing) const {
+  auto in_link = [&](const Op& op) { return op.cpu_left <= 0 && op.latency_end <= now_; };
   int k = 0;
-  for (const auto& [h, op] : ops_) k += op.latency_end <= now_;
+  for (const auto& [h, op] : ops_) k += in_link(op);
   double next = std::numeric_limits<double>::infinity();
   for (const auto& [h, op] : ops_) {
+    if (op.cpu_left > 0) continue;
     next = std::min(next, op.latency_end > now_ ? op.latency_end : now_ + op.link_left * k / rate_);
   }
+  const auto head = CpuHead();
+  if (head != ops_.end()) next = std::min(next, now_ + head->second.cpu_left / cpu_rate_);
   *sharing = k;
   return next;
 }
 
 bool SimNetwork::link_active() const {
   for (const auto& [h, op] : ops_) {
-    if (op.latency_end <= now_) return true;
+    if (op.cpu_left <= 0 && op.latency_end <= now_) return true;
   }
   return false;
 }
@@ -185,16 +200,26 @@ void SimNetwork::AdvanceTo(double t) {
     const double dt = std::max(0.0, until - now_);
     if (k > 0) {
       for (auto& [h, op] : ops_) {
-        if (op.latency_end > now_) continue;
+        if (op.cpu_left > 0 || op.latency_end > now_) continue;
         // The operation whose completion is the change completes exactly (no rounding residue).
         const bool completes = change <= t && now_ + op.link_left * k / rate_ <= change;
         op.link_left = completes ? 0 : op.link_left - dt * rate_ / k;
       }
       link_busy_ += dt;
     }
+    const auto head = CpuHead();
+    if (head != ops_.end()) {
+      Op& op = ops_[head->first];
+      const bool completes = change <= t && now_ + op.cpu_left / cpu_rate_ <= change;
+      op.cpu_left = completes ? 0 : op.cpu_left - dt * cpu_rate_;
+      if (op.cpu_left <= kDoneSeconds) {
+        op.cpu_left = 0;
+        op.latency_end = until + op.latency;
+      }
+    }
     now_ = std::max(now_, until);
     for (auto it = ops_.begin(); it != ops_.end();) {
-      if (it->second.latency_end <= now_ && it->second.link_left <= kDoneSeconds) {
+      if (it->second.cpu_left <= 0 && it->second.latency_end <= now_ && it->second.link_left <= kDoneSeconds) {
         it = ops_.erase(it);
       } else {
         ++it;

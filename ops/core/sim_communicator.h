@@ -20,11 +20,13 @@
 //                                    (log2(p) + p-1) alpha + 2 (p-1)/p n beta
 //   reduce-scatter, n bytes in all   (p-1) alpha + (p-1)/p n (beta + gamma)       (pairwise)
 //   barrier                          log2(p) alpha                                 (dissemination)
-//   all-to-all and allgather(v) also pay codec x bytes of latency (the bf16 path's CPU work).
-// Each cost has a latency part (alpha and intra-host terms, gamma) and a link part (beta terms,
-// at the full link). Sharing: operations in their link part progress together, each at 1/k of
-// the link when k are in that part (processor sharing), as chunks on separate communicators
-// share one NIC. The latency parts never contend.
+//   all-to-all and allgather(v) also pay codec x bytes of CPU work (the bf16 path's encode,
+//   reduce and decode on the background thread).
+// Each cost has a CPU part (codec), a latency part (alpha and intra-host terms, gamma) and a
+// link part (beta terms, at the full link), played in that order. Sharing: operations in their
+// link part progress together, each at 1/k of the link when k are in that part (processor
+// sharing), as chunks on separate communicators share one NIC. CPU parts run one at a time in
+// start order, as the one background thread does them; the latency parts never contend.
 //
 // One process stands for every rank: results are the local data (a sum over identical ranks
 // is not formed; the simulator only needs the timing). Control messages keep their words.
@@ -52,14 +54,15 @@ struct SimFabric {
   std::string allreduce = "auto";    // auto (MPICH's choice) | rd | rabenseifner | ring
   int64_t short_allreduce = 2048;    // auto: recursive doubling below this many bytes
   // CPU s per byte of 16-bit data on the compressed path (wire.h): its encode and float32 reduce
-  // before the all-to-all, encode and decode around the allgather; charged to each as latency.
+  // before the all-to-all, encode and decode around the allgather; charged to each as CPU work.
   double codec = 0;
 };
 
 struct SimCost {
   double latency = 0;  // s, not shared
   double link = 0;     // s at the full link, shared with the other operations in flight
-  double total() const { return latency + link; }
+  double cpu = 0;      // s of the background thread's work at full speed, before the latency part
+  double total() const { return cpu + latency + link; }
 };
 
 // The algorithm `auto` picks for an allreduce of `bytes` (per rank): "rd" or "rabenseifner".
@@ -94,16 +97,25 @@ class SimNetwork : public TimeSource {
   void set_link_rate(double fraction) { rate_ = fraction; }
   // Link busy time so far (s): how long at least one operation was in its link part.
   double link_busy() const { return link_busy_; }
+  // Whether the background thread is doing some operation's CPU part now.
+  bool cpu_active() const;
+  // The fraction of the background thread's speed available from now on (1: all of it); the
+  // simulator lowers it while compute shares its cores.
+  void set_cpu_rate(double fraction) { cpu_rate_ = fraction; }
 
  private:
   struct Op {
-    double latency_end;  // absolute
+    double cpu_left;     // s of CPU work at full speed; > 0: in its CPU part (latency_end not yet set)
+    double latency;      // s, its latency part
+    double latency_end;  // absolute, once the CPU part is done
     double link_left;    // s at the full link
   };
-  // The next time something changes (a latency part ends or a link part completes).
+  // The next time something changes (a CPU part or a latency part ends, or a link part completes).
   double NextChange(int* sharing) const;
+  // The operation whose CPU part runs now (the first started of those in one); end() if none.
+  std::map<uint64_t, Op>::const_iterator CpuHead() const;
   SimFabric fabric_;
-  double now_ = 0, link_busy_ = 0, rate_ = 1;
+  double now_ = 0, link_busy_ = 0, rate_ = 1, cpu_rate_ = 1;
   uint64_t next_handle_ = 0;
   std::map<uint64_t, Op> ops_;
 };

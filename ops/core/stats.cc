@@ -8,7 +8,7 @@ std::string Stats::Json() const {
   std::lock_guard<std::mutex> l(mu_);
   std::ostringstream os;
   os << "{\"submitted\": " << submitted_ << ", \"requests\": " << requests_ << ", \"bytes_sent\": " << bytes_ << ", \"chunks\": " << chunks_
-     << ", \"in_place\": " << in_place_ << ", \"preemptions\": " << preemptions_ << ", \"fused_buffers\": " << fused_buffers_
+     << ", \"in_place\": " << in_place_ << ", \"eager\": " << eager_ << ", \"preemptions\": " << preemptions_ << ", \"fused_buffers\": " << fused_buffers_
      << ", \"fused_tensors\": " << fused_tensors_ << ", \"names_known\": " << names_known_
      << ", \"names_forgotten\": " << names_forgotten_ << ", \"wait_by_priority\": {";
   bool first = true;

@@ -16,6 +16,7 @@ class Stats {
   void Submitted() { std::lock_guard<std::mutex> l(mu_); ++submitted_; }
   void Chunk(int64_t bytes) { std::lock_guard<std::mutex> l(mu_); ++chunks_; bytes_ += bytes; }
   void InPlace() { std::lock_guard<std::mutex> l(mu_); ++in_place_; }
+  void Eager() { std::lock_guard<std::mutex> l(mu_); ++eager_; }
   void Preemption() { std::lock_guard<std::mutex> l(mu_); ++preemptions_; }
   void Fused(int parts) { std::lock_guard<std::mutex> l(mu_); ++fused_buffers_; fused_tensors_ += parts; }
   // Collective names whose agreement is remembered now, and names forgotten so far.
@@ -33,6 +34,7 @@ class Stats {
   mutable std::mutex mu_;
   int64_t submitted_ = 0, requests_ = 0, chunks_ = 0, bytes_ = 0, preemptions_ = 0, fused_buffers_ = 0, fused_tensors_ = 0;
   int64_t names_known_ = 0, names_forgotten_ = 0;
+  int64_t eager_ = 0;     // allreduces finished inside the control message
   int64_t in_place_ = 0;  // allreduces whose output is their input's buffer (TF forwarded it)
   std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
 };

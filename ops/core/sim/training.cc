@@ -72,6 +72,8 @@ bool ParseConfig(std::istream& in, SimConfig* c, std::string* error, bool layers
     else if (key == "cycle_s") ok = bool(ls >> c->cycle_s);
     else if (key == "interference") ok = bool(ls >> c->interference) && c->interference >= 0;
     else if (key == "contention") ok = bool(ls >> c->contention) && c->contention >= 0;
+    else if (key == "codec_interference") ok = bool(ls >> c->codec_interference) && c->codec_interference >= 0;
+    else if (key == "codec_contention") ok = bool(ls >> c->codec_contention) && c->codec_contention >= 0;
     else if (key == "steps") ok = bool(ls >> c->steps);
     else if (key == "warmup") ok = bool(ls >> c->warmup);
     else if (key == "timeline") ok = bool(ls >> c->timeline);
@@ -233,10 +235,12 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
     }
     const bool work = !incoming.empty() || !sched.idle() || cycle;
     if (step >= S && !work) break;
-    // Compute slows by 1 + interference while the link carries data (the CPU drives the transfer).
-    const double slow = net.link_active() ? 1 + cfg.interference : 1;
-    // and the transfers slow by 1 + contention while it computes (the cores are shared).
+    // Compute slows by 1 + interference while the link carries data (the CPU drives the transfer)
+    // and by codec_interference more while the background thread encodes or decodes;
+    const double slow = 1 + (net.link_active() ? cfg.interference : 0) + (net.cpu_active() ? cfg.codec_interference : 0);
+    // the transfers slow by 1 + contention, the codec by 1 + codec_contention, while it computes.
     net.set_link_rate(compute_left >= 0 ? 1 / (1 + cfg.contention) : 1);
+    net.set_cpu_rate(compute_left >= 0 ? 1 / (1 + cfg.codec_contention) : 1);
     double next = std::min(compute_left >= 0 ? net.now() + compute_left * slow : kInf, net.NextEvent());
     if (!cycle && work) next = std::min(next, std::max(cycle_bound, incoming.empty() ? poll_until : 0.0));
     if (!(next < kInf) || next < net.now()) {
@@ -271,7 +275,8 @@ std::string ResultJson(const SimConfig& c, const SimResult& r) {
      << ", \"bf16\": " << (c.bf16 ? "true" : "false") << ", \"chunk_bytes\": " << c.scheduler.chunk_bytes
      << ", \"inflight\": " << c.scheduler.inflight << ", \"fusion_threshold\": " << c.scheduler.fusion_threshold
      << ", \"cycle_s\": " << Num(c.cycle_s) << ", \"interference\": " << Num(c.interference)
-     << ", \"contention\": " << Num(c.contention) << ", \"layers\": " << c.layers.size()
+     << ", \"contention\": " << Num(c.contention) << ", \"codec_interference\": " << Num(c.codec_interference)
+     << ", \"codec_contention\": " << Num(c.codec_contention) << ", \"layers\": " << c.layers.size()
      << ", \"grad_bytes\": " << r.bytes << ", \"step_s\": " << Num(r.step) << ", \"compute_s\": " << Num(r.compute)
      << ", \"efficiency\": " << Num(r.efficiency) << ", \"exposed_s\": " << Num(r.exposed)
      << ", \"first_layer_exposed_s\": " << Num(r.first_exposed) << ", \"link_busy_s\": " << Num(r.link_busy)

@@ -40,6 +40,11 @@ struct SimConfig {
   double cycle_s = 0;           // least time between two control cycles (Horovod's cycle time)
   double interference = 0;      // compute runs 1 + this times slower while the link carries data
   double contention = 0;        // the link runs 1 + this times slower while compute runs
+  // The bf16 codec is CPU work of the background thread (SimCost::cpu): compute runs 1 + this
+  // times slower while it runs, and it 1 + codec_contention times slower while compute runs.
+  // 0 and 0: a core of its own; 1 and 1: the two split the same cores evenly.
+  double codec_interference = 0;
+  double codec_contention = 0;
   int steps = 6, warmup = 2;    // steps played; steps before `warmup` are not measured
   std::string timeline;         // Chrome-trace of the scheduler on virtual time ("" = none)
   std::string label;            // echoed in the result

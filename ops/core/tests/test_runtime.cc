@@ -405,3 +405,49 @@ TEST(names_beyond_cache_capacity_are_forgotten_and_renegotiated) {
     CHECK(c.As<int32_t>() == std::vector<int32_t>({1, 14}));
   });
 }
+
+TEST(small_cached_allreduces_ride_in_the_control_message) {
+  // Repeated names become eager once every rank knows them: averages with scaling, a grouped
+  // allreduce and an int32 min, on 3 ranks that drift apart (one sometimes lags), must give the
+  // same values as the two-round path every time, and most of them ride along.
+  RunRanks(3, [](int rank, Runtime& rt) {
+    for (int i = 0; i < 60; ++i) {
+      if (rank == 2 && i % 5 == 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      std::vector<float> x = {float(rank + i), -2.0f * rank};
+      Request avg = Allreduce("avg", Input(x, {2}), DataType::kFloat32, ReduceOp::kAverage);
+      avg.prescale = 2.0;
+      avg.postscale = 0.5;
+      std::vector<float> g0 = {float(rank)}, g1(3, float(i));
+      Request grouped;
+      grouped.name = "grouped";
+      grouped.dtype = DataType::kFloat32;
+      grouped.inputs = {Input(g0, {1}), Input(g1, {3})};
+      std::vector<int32_t> m = {rank - i, 10 * rank};
+      auto fa = Submit(rt, std::move(avg));
+      auto fg = Submit(rt, std::move(grouped));
+      auto fm = Submit(rt, Allreduce("min", Input(m, {2}), DataType::kInt32, ReduceOp::kMin));
+      Result a = Get(fa), g = Get(fg), n = Get(fm);
+      CHECK(a.status.ok() && g.status.ok() && n.status.ok());
+      CHECK(a.As<float>() == std::vector<float>({float(1 + i), -2.0f}));  // ((0+1+2+3i)*2/3)*0.5
+      CHECK(g.As<float>(0) == std::vector<float>({3.0f}));
+      CHECK(g.As<float>(1) == std::vector<float>(3, 3.0f * i));
+      CHECK(n.As<int32_t>() == std::vector<int32_t>({-i, 0}));
+    }
+    CHECK(StatsField(rt, "eager") >= 60);
+    CHECK_EQ(StatsField(rt, "requests"), int64_t(180));
+  });
+}
+
+TEST(eager_off_and_too_large_take_the_two_round_path) {
+  for (const char* bytes : {"0", "4"}) {  // 4 bytes: smaller than every request below
+    Env env({{"MLSL_TF_EAGER_BYTES", bytes}});
+    RunRanks(2, [](int rank, Runtime& rt) {
+      for (int i = 0; i < 10; ++i) {
+        std::vector<float> x = {float(rank), 1.0f};
+        auto f = Submit(rt, Allreduce("x", Input(x, {2}), DataType::kFloat32));
+        CHECK(Get(f).As<float>() == std::vector<float>({1.0f, 2.0f}));
+      }
+      CHECK_EQ(StatsField(rt, "eager"), int64_t(0));
+    });
+  }
+}

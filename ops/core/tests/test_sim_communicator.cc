@@ -87,10 +87,13 @@ TEST(sim_other_collectives) {
   CHECK_NEAR(BroadcastCost(f, 1 << 20).total(), (3 + 7) * f.alpha + 2.0 * 7 / 8 * big * f.beta);
   CHECK_NEAR(ReduceScatterCost(f, 1 << 20).total(), 7 * f.alpha + 7.0 / 8 * big * f.beta);
   CHECK_NEAR(BarrierCost(f).total(), 3 * f.alpha);
-  f.codec = 1e-9;  // the compressed path's CPU work, as latency
-  CHECK_NEAR(AlltoallCost(f, 1 << 20).latency, 7 * f.alpha + big * f.codec);
-  CHECK_NEAR(AllgatherCost(f, 1 << 20).latency, 7 * f.alpha + big * f.codec);
+  f.codec = 1e-9;  // the compressed path's CPU work, a part of its own
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).latency, 7 * f.alpha);
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).cpu, big * f.codec);
+  CHECK_NEAR(AllgatherCost(f, 1 << 20).latency, 7 * f.alpha);
+  CHECK_NEAR(AllgatherCost(f, 1 << 20).cpu, big * f.codec);
   CHECK_NEAR(AllreduceCost(f, 1 << 20).latency, 6 * f.alpha);
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).cpu, 0.0);
 }
 
 TEST(sim_network_shares_the_link) {
@@ -119,6 +122,36 @@ TEST(sim_network_shares_the_link) {
   const double t1 = net.now();
   while (!net.Done(z)) net.AdvanceTo(net.NextEvent());
   CHECK_NEAR(net.now() - t1, 2e-3);
+}
+
+TEST(sim_network_runs_cpu_parts_one_at_a_time) {
+  SimNetwork net(Fabric(8));
+  // Two operations of 1 ms CPU, 10 us latency, 1 ms link each, started together: the first's
+  // CPU part ends at 1 ms, the second's waits for it (one background thread) and ends at 2 ms.
+  SimCost c;
+  c.cpu = 1e-3;
+  c.latency = 10e-6;
+  c.link = 1e-3;
+  uint64_t a = net.Start(c), b = net.Start(c);
+  CHECK(net.cpu_active() && !net.link_active());
+  CHECK_NEAR(net.NextEvent(), 1e-3);
+  net.AdvanceTo(1e-3 + 10e-6);  // a's latency over: a alone on the link, b computing
+  CHECK(net.cpu_active() && net.link_active());
+  CHECK_NEAR(net.NextEvent(), 2e-3);  // b's CPU part ends before a's link part (at 2.01 ms)
+  while (!net.Done(a)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now(), 2.01e-3);
+  CHECK(!net.cpu_active());
+  while (!net.Done(b)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now(), 2e-3 + 10e-6 + 1e-3);
+  // At half the thread's speed a 1 ms CPU part takes 2 ms; the link's rate does not change it.
+  net.set_cpu_rate(0.5);
+  net.set_link_rate(0.25);
+  SimCost d;
+  d.cpu = 1e-3;
+  const double t0 = net.now();
+  uint64_t e = net.Start(d);
+  while (!net.Done(e)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now() - t0, 2e-3);
 }
 
 TEST(sim_communicator_completes_on_virtual_time) {
