@@ -49,6 +49,10 @@ POLICY_OF = {"fifo": "fifo", "priority": "priority", "overlap": "overlap", "over
 CONFIGS = ["compute", "comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"]
 TOLERANCE = 0.10
 ALPHA = 20e-6  # s per message over the emulated TCP links; 100 MB steps barely depend on it
+# The bf16 codec runs on each rank's background thread, on the cores its TensorFlow computes on:
+# by default, while both run they split those cores evenly (compute and codec each 1 + 1 times
+# slower), so the codec's CPU seconds come out of compute's. Not fitted (--codec-sharing).
+CODEC_SHARING = 1.0
 
 
 def pof2(n):
@@ -152,13 +156,15 @@ def measure(ns):
     return rows
 
 
-def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0, cpu="both"):
+def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0, cpu="both",
+            codec_sharing=CODEC_SHARING):
     """Simulated step time of `policy` on `hosts` ranks; compute_s = 0 for communication alone."""
     layers = simulate.timed_layers(table, compute_s) if compute_s > 0 else \
         [(n, 0.0, 0.0, g) for n, _, _, g in simulate.timed_layers(table, 1.0)]
+    overrides = {"interference": interference, "contention": interference} if cpu == "both" else {cpu: interference}
+    overrides.update(codec_interference=codec_sharing, codec_contention=codec_sharing)
     text = simulate.config_text(layers, hosts, 1.0 / beta, alpha, policy, steps=5, warmup=1,
-                                overrides=({"interference": interference, "contention": interference} if cpu == "both"
-                                           else {cpu: interference}), codec=codec)
+                                overrides=overrides, codec=codec)
     return simulate.run_config(text, binary)["step_s"]
 
 
@@ -189,7 +195,7 @@ def fit_least_squares(loss, high=4.0, iterations=40):
     return 0.0 if loss(0.0) <= loss(x) else x
 
 
-def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=ALPHA):
+def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=ALPHA, codec_sharing=CODEC_SHARING):
     """Fits on fit_hosts, predicts every row; returns (fits per rate, result rows). cores: of the
     machine the emulated hosts shared when measured (default: this one's)."""
     cores = cores or os.cpu_count()
@@ -212,8 +218,13 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
             continue
         beta_of = lambda h, rate=rate: effective_beta(links[rate], cpu_beta, h, cores)  # noqa: E731
         bf16 = [(h, by[(h, rate, "comm_bf16")]) for h in fit_hosts if (h, rate, "comm_bf16") in by]
-        codec = sum(fit_monotone(t, lambda c: predict(table, 0, h, alpha, beta_of(h), "bf16", binary=binary, codec=c),
-                                 high=1e-6) for h, t in bf16) / len(bf16) if bf16 else 0.0
+        # the emulated hosts' background threads share the machine's cores: per rank, a codec byte
+        # costs c x (ranks per core)
+        codec = statistics.mean(
+            fit_monotone(t, lambda c, h=h: predict(table, 0, h, alpha, beta_of(h), "bf16", binary=binary,
+                                                   codec=c * ranks_per_core(h, cores)), high=1e-6)
+            for h, t in bf16) if bf16 else 0.0
+        codec_of = lambda h: codec * ranks_per_core(h, cores)  # noqa: E731
         runs = [(h, by[(h, rate, "compute")], by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
         kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap",
@@ -223,7 +234,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
         fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
                       "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
                       "measured_betas": {str(h): b for h, b in measured_betas[rate]},
-                      "codec_s_per_byte": codec, "cpu_model": cpu, "cpu_factor": kappa,
+                      "codec_s_per_byte": codec, "codec_sharing": codec_sharing, "cpu_model": cpu, "cpu_factor": kappa,
                       "fitted_on_hosts": list(fit_hosts)}
         for (h, r8, config), measured in sorted(by.items()):
             if r8 != rate or config not in POLICY_OF or (config not in ("comm", "comm_bf16")
@@ -231,7 +242,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                 continue
             compute = 0.0 if config.startswith("comm") else by[(h, rate, "compute")]
             predicted = predict(table, compute, h, alpha, beta_of(h), POLICY_OF[config],
-                                0.0 if compute == 0 else kappa_of(h), binary, codec, cpu)
+                                0.0 if compute == 0 else kappa_of(h), binary, codec_of(h), cpu, codec_sharing)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
                         "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted,
@@ -266,6 +277,9 @@ def main(argv=None):
     p.add_argument("--cores", type=int, default=os.cpu_count(),
                    help="cores of the machine the emulated hosts shared when measured (default: this one's)")
     p.add_argument("--alpha", type=float, default=ALPHA, help="s per message on the emulated links (fixed, not fitted)")
+    p.add_argument("--codec-sharing", type=float, default=CODEC_SHARING,
+                   help="compute and the bf16 codec each run 1 + this times slower while both run (not fitted; "
+                        "1: they split the cores evenly, 0: the codec has a core of its own)")
     p.add_argument("--out", help="append measurements, fits and results to this file")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=int, default=7200, help="seconds per (hosts, rate) job")
@@ -277,7 +291,8 @@ def main(argv=None):
         rows = measure(ns)
     emit = []
     emit += [{"measured": r} for r in rows if not ns.measured]
-    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu, cores=ns.cores, alpha=ns.alpha)
+    fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu, cores=ns.cores, alpha=ns.alpha,
+                             codec_sharing=ns.codec_sharing)
     emit += [{"fit": f} for f in fits.values()] + results + [summary(results)]
     for obj in emit:
         line = json.dumps(obj)

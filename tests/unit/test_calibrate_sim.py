@@ -93,21 +93,23 @@ def test_fit_monotone():
 
 
 def test_round_trip_through_the_simulator(binary):
-    alpha, beta, kappa, codec = 20e-6, 8e-9, 0.3, 2e-9
+    alpha, beta, kappa, codec = 20e-6, 8e-9, 0.3, 2e-8  # a codec slower than the link: it sets comm_bf16
     rows = []
     for h in (2, 3):
         rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": 0.06})
         for config in ("comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"):
             compute = 0.0 if config.startswith("comm") else 0.06
-            # 3 ranks on 2 cores: each rank's compute meets 1.5 ranks' traffic
+            # 3 ranks on 2 cores: each rank's compute meets 1.5 ranks' traffic, and its codec
+            # thread gets 1/1.5 of a core
             k = 0.0 if compute == 0 else kappa * calibrate_sim.ranks_per_core(h, 2)
             t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config], k,
-                                      codec=codec, cpu="both")
+                                      codec=codec * calibrate_sim.ranks_per_core(h, 2), cpu="both")
             rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t})
     fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)
     fit = fits["1gbit"]
     assert fit["beta_s_per_byte"] == pytest.approx(beta, rel=0.1)
     assert fit["cpu_factor"] == pytest.approx(kappa, rel=0.1)
+    assert fit["codec_s_per_byte"] == pytest.approx(codec, rel=0.1)
     assert len(results) == 12 and all(abs(r["error"]) < 0.02 for r in results)
     s = calibrate_sim.summary(results)["summary"]
     assert s["held_out"] == 6 and s["held_out_within_10pct"] == 6 and s["all_within_10pct"] == 12
