@@ -152,6 +152,11 @@ def worker(ns):
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
         hvd.allreduce(tf.constant(0.0), name="training.barrier")
         cpu_before = thread_cpu()
+        counters = counters_before = None
+        if ns.impl == "mlsl_tf":
+            import mlsl_tf  # noqa: PLC0415 (the Horovod job has no mlsl_tf)
+            counters = mlsl_tf.stats
+            counters_before = counters()
         start = time.perf_counter()
         model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
         times = [b - a for a, b in zip([start] + ends[:-1], ends)]
@@ -160,6 +165,11 @@ def worker(ns):
         if ns.impl == "mlsl_tf":  # results still parked: the last step's updates were deferred
             from mlsl_tf import _library
             result["deferred_at_end"] = _library.c_api().mlsl_tf_parked()
+            # the runtime's counters per timed step: collectives, those that rode in the control
+            # message, chunks started, tensors packed into fused buffers
+            after = counters()
+            result["per_step"] = {k: (after[k] - counters_before[k]) / steps
+                                  for k in ("requests", "eager", "chunks", "fused_tensors")}
     step = max(hvd.allgather(tf.constant([result["step_s"]], tf.float64)).numpy())  # the slowest rank
     result.update(model=ns.model, config=ns.config, impl=ns.impl, ranks=hvd.size(), batch_per_rank=batch,
                   steps=steps, step_s=float(step), samples_per_s=batch * hvd.size() / float(step),
