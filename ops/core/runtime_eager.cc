@@ -1,0 +1,87 @@
+// Runtime's eager allreduces (eager.h): which pending requests may ride in the control
+// message, writing this rank's ready ones into it, and finishing those every rank contributed.
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <vector>
+
+#include "eager.h"
+#include "reduce.h"
+#include "runtime.h"
+
+namespace mlsl {
+
+bool Runtime::Eager(const Local& l) const {
+  const RequestMeta& m = l.meta;
+  return eager_bytes_ > 0 && m.op == OpType::kAllreduce && m.group == 0 &&
+         !m.compressed() && !m.error_feedback && m.reduce_op != ReduceOp::kAdasum &&
+         l.request->inputs.size() == m.shapes.size() && Elements(m) * int64_t(DataTypeSize(m.dtype)) <= eager_bytes_;
+}
+
+int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
+  const int64_t end = int64_t(bits->size());
+  if (at < end) (*bits)[at] = 0;
+  if (join_) return 0;  // a joined rank contributes nothing, so nothing rides along
+  // Every small allreduce pending here asks for room (one that is being negotiated or reduced
+  // now will likely come back next step); only the ready ones ride along.
+  std::vector<std::pair<int32_t, const Local*>> ready;
+  int64_t wanted = 0, budget = eager_bytes_;
+  for (const auto& [name, l] : pending_) {
+    if (!Eager(l)) continue;
+    const int64_t bytes = Elements(l.meta) * int64_t(DataTypeSize(l.meta.dtype));
+    if (bytes > budget) continue;
+    budget -= bytes;
+    wanted += EagerEntryWords(bytes);
+    if (l.state == Local::kReady) ready.emplace_back(l.id, &l);
+  }
+  std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  for (const auto& [id, l] : ready) {
+    const RequestMeta& m = l->meta;
+    const size_t esize = DataTypeSize(m.dtype);
+    const int64_t count = Elements(m), bytes = count * int64_t(esize);
+    char* data = static_cast<char*>(PutEager(bits->data(), end, &at, id, m.dtype, m.reduce_op, count));
+    if (!data) continue;  // next cycle's region is made for it
+    for (const TensorInput& t : l->request->inputs) {
+      const size_t n = size_t(NumElements(t.shape)) * esize;
+      if (n) std::memcpy(data, t.data, n);
+      data += n;
+    }
+    if (m.prescale != 1.0) ScaleInPlace(data - bytes, count, m.dtype, m.prescale);
+  }
+  // Nothing pending (a heartbeat cycle, or waiting for a slower rank): keep the region as it is,
+  // so a pause between two steps does not cost the next step its ride.
+  if (pending_.empty()) return eager_words_;
+  return wanted ? wanted + 1 : 0;
+}
+
+std::vector<int32_t> Runtime::FinishEager(const uint64_t* region, int64_t words) {
+  std::vector<int32_t> ids;
+  for (const EagerEntry& e : ValidEager(region, words)) {
+    ids.push_back(e.id);
+    const RequestMeta& meta = coordinator_.meta(e.id);
+    auto it = pending_.find(meta.name);  // it contributed, so it is here and ready
+    Request* r = it->second.request.get();
+    const size_t esize = DataTypeSize(meta.dtype);
+    const double post = meta.reduce_op == ReduceOp::kAverage ? meta.postscale / size_ : meta.postscale;
+    const char* src = static_cast<const char*>(e.data);
+    Status s;
+    for (size_t i = 0; i < r->inputs.size() && s.ok(); ++i) {
+      const int64_t count = NumElements(r->inputs[i].shape);
+      void* out = nullptr;
+      s = r->allocate_output(int(i), r->inputs[i].shape, &out);
+      if (s.ok() && count) {
+        std::memcpy(out, src, size_t(count) * esize);
+        ScaleInPlace(out, count, meta.dtype, post);
+      }
+      src += count * esize;
+    }
+    stats_.Request();
+    stats_.Eager();
+    if (timeline_.enabled()) timeline_.Instant(ShownName(meta.name), "eager", "queue", std::chrono::steady_clock::now());
+    Finish(meta.name, s);
+  }
+  std::sort(ids.begin(), ids.end());
+  return ids;
+}
+
+}  // namespace mlsl
