@@ -260,6 +260,86 @@ class RingAllreduce : public PendingOp {
   std::string error_;
 };
 
+// All-to-all as point-to-point messages: round k sends to rank+k and receives from rank-k,
+// up to kRounds rounds posted at once, this rank's own slice copied. MPICH's MPI_Ialltoallv
+// advances one small step per MPI_Test, so over TCP, tested every ~100 us by a thread that
+// sleeps between tests, a 256 KiB-per-peer exchange took 7.9 ms instead of 0.4 ms
+// (2 ranks, 10 Gbit/s emulated link); plain sends and receives move within one test.
+// Every message is posted, zero-length ones too, so the matching never depends on the counts
+// agreeing. Driven by Test.
+class PointToPointAlltoallv : public PendingOp {
+ public:
+  static constexpr int kRounds = 32;
+  PointToPointAlltoallv(MPI_Comm comm, int rank, int size, int tag, const void* send, std::vector<int64_t> send_bytes,
+                        void* recv, std::vector<int64_t> recv_bytes)
+      : comm_(comm), rank_(rank), size_(size), tag_(tag), send_(static_cast<const char*>(send)),
+        recv_(static_cast<char*>(recv)), send_bytes_(std::move(send_bytes)), recv_bytes_(std::move(recv_bytes)),
+        send_off_(Offsets(send_bytes_)), recv_off_(Offsets(recv_bytes_)) {
+    if (send_bytes_[rank_] != recv_bytes_[rank_]) {
+      error_ = "alltoall: this rank sends itself " + std::to_string(send_bytes_[rank_]) + " bytes but expects " +
+               std::to_string(recv_bytes_[rank_]);
+      return;
+    }
+    reqs_.reserve(2 * size_t(std::min(size_ - 1, kRounds)));
+    if (send_bytes_[rank_] > 0) std::memcpy(recv_ + recv_off_[rank_], send_ + send_off_[rank_], send_bytes_[rank_]);
+    PostRounds();
+  }
+  ~PointToPointAlltoallv() override {
+    for (MPI_Request& r : reqs_) if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+  }
+
+  Status Test(bool* done) override {
+    *done = false;
+    while (error_.empty()) {
+      int flag = 0;
+      if (!reqs_.empty()) {
+        int rc = MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE);
+        if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Testall(alltoall)", rc));
+        if (!flag) return Status::Ok();
+        reqs_.clear();
+      }
+      if (next_ >= size_) {
+        *done = true;
+        return Status::Ok();
+      }
+      PostRounds();
+    }
+    return Status::Internal(error_);
+  }
+
+ private:
+  static std::vector<int64_t> Offsets(const std::vector<int64_t>& bytes) {
+    std::vector<int64_t> off(bytes.size() + 1, 0);
+    for (size_t i = 0; i < bytes.size(); ++i) off[i + 1] = off[i] + bytes[i];
+    return off;
+  }
+  void PostRounds() {
+    const int last = std::min(size_, next_ + kRounds);
+    for (; next_ < last; ++next_) {
+      const int to = (rank_ + next_) % size_, from = (rank_ - next_ + size_) % size_;
+      reqs_.push_back(MPI_REQUEST_NULL);
+      int rc = MPI_Irecv(recv_ + recv_off_[from], int(recv_bytes_[from]), MPI_BYTE, from, tag_, comm_, &reqs_.back());
+      if (rc == MPI_SUCCESS) {
+        reqs_.push_back(MPI_REQUEST_NULL);
+        rc = MPI_Isend(send_ + send_off_[to], int(send_bytes_[to]), MPI_BYTE, to, tag_, comm_, &reqs_.back());
+      }
+      if (rc != MPI_SUCCESS) {
+        error_ = MpiError("MPI_Isend/MPI_Irecv(alltoall)", rc);
+        return;
+      }
+    }
+  }
+
+  MPI_Comm comm_;
+  const int rank_, size_, tag_;
+  const char* send_;
+  char* recv_;
+  const std::vector<int64_t> send_bytes_, recv_bytes_, send_off_, recv_off_;
+  std::vector<MPI_Request> reqs_;
+  int next_ = 1;  // the next round to post
+  std::string error_;
+};
+
 class MpiCommunicator : public Communicator {
  public:
   explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
@@ -328,15 +408,11 @@ class MpiCommunicator : public Communicator {
   }
   std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                                        const std::vector<int64_t>& recv_bytes) override {
-    auto p = std::make_unique<MpiPending>();
     std::vector<int> s, r;
     if (!CountsAndDispls(send_bytes, &s) || !CountsAndDispls(recv_bytes, &r)) return TooLarge("alltoall");
-    p->ints() = s;
-    p->ints().insert(p->ints().end(), r.begin(), r.end());
-    int* v = p->ints().data();
-    int rc = MPI_Ialltoallv(send, v, v + size_, MPI_BYTE, recv, v + 2 * size_, v + 3 * size_, MPI_BYTE, comm_,
-                            p->request());
-    return Checked(std::move(p), rc, "MPI_Ialltoallv");
+    // Every rank starts the same operations in the same order, so the tags agree.
+    tag_ = tag_ % kMaxRingTag + 1;
+    return std::make_unique<PointToPointAlltoallv>(comm_, rank_, size_, tag_, send, send_bytes, recv, recv_bytes);
   }
   std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                            DataType dtype, ReduceOp op) override {

@@ -132,6 +132,23 @@ def test_alltoall_with_splits(mode, dtype):
 
 
 @pytest.mark.parametrize("mode", MODES)
+def test_alltoall_with_empty_slices(mode):
+    # rank r sends nothing to rank r+1 and d + 1 rows of 100 * r + d to every other rank d (itself
+    # included); a second call sends nothing at all. Every slice, empty or not, lands where it belongs.
+    splits = [0 if d == (R + 1) % N else d + 1 for d in range(N)]
+    rows = np.concatenate([np.full([splits[d], 3], 100 * R + d, np.float32) for d in range(N)])
+    got, received = run(mode, lambda t: hvd.alltoall(t, splits=splits, name=f"a2a_empty.{mode}"), tf.constant(rows))
+    senders = [s for s in range(N) if R != (s + 1) % N]
+    want = np.concatenate([np.full([R + 1, 3], 100 * s + R, np.float32) for s in senders])
+    np.testing.assert_array_equal(np_of(got), want)
+    np.testing.assert_array_equal(received.numpy(), [0 if R == (s + 1) % N else R + 1 for s in range(N)])
+    none, received = run(mode, lambda t: hvd.alltoall(t, splits=[0] * N, name=f"a2a_none.{mode}"),
+                         tf.zeros([0, 3], tf.float32))
+    assert tuple(none.shape) == (0, 3)
+    np.testing.assert_array_equal(received.numpy(), [0] * N)
+
+
+@pytest.mark.parametrize("mode", MODES)
 def test_alltoall_even_split_default(mode):
     x = tf.reshape(tf.range(2 * N, dtype=tf.int32) + 100 * R, [2 * N, 1])
     got = run(mode, lambda t: hvd.alltoall(t, name=f"a2a_even.{mode}"), x)  # no splits given: the tensor alone
