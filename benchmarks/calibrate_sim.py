@@ -24,7 +24,9 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    (fitted per host count, k at 10 Gbit/s was 0.85, 1.57, 1.87 on 2, 3, 4 hosts: 0.85, 1.05,
    0.94 per rank per core). Several --measured files (passes of the same jobs) are fitted on
    as the median of their samples per (hosts, rate, config). Per-layer compute = the measured `compute` step
-   split by the table's FLOPs (backward = 2 x forward).
+   split by the table's FLOPs (backward = 2 x forward); a row is predicted from the compute-alone
+   time measured in the same file(s) as its samples where there is one (the machine's speed drifts
+   between passes), else from the median of all compute samples.
 3. Validate: every (hosts, rate, config) measured, predicted with the fitted figures; JSON lines
    {hosts, rate, config, measured_s, predicted_s, error, fitted_on} and a summary line. Rows
    that were fitted on (comm, comm_bf16, overlap of the fit hosts) are marked; the summary counts
@@ -130,16 +132,32 @@ def read_measured(path):
     if len(ranks) > 1:
         raise ValueError(f"{path}: jobs of several rank counts {sorted(ranks)}; give one file per host count")
     hosts = ranks.pop() if ranks else 2
-    return parse_medians(lines, hosts) + [json.loads(l)["measured"] for l in lines if l.startswith('{"measured"')]
+    rows = parse_medians(lines, hosts) + [json.loads(l)["measured"] for l in lines if l.startswith('{"measured"')]
+    # This machine's speed drifts by tens of percent between hours (ResNet-50 compute alone on 2
+    # hosts: 0.53-0.65 s one day, 0.84 s another): a file that timed compute alone pairs that
+    # figure with each of its other rows, which are then predicted from the compute of their own run.
+    computes = {(r["hosts"], r["rate"]): r["step_s"] for r in rows if r["config"] == "compute"}
+    for r in rows:
+        if r["config"] != "compute" and (r["hosts"], r["rate"]) in computes:
+            r.setdefault("compute_s", computes[(r["hosts"], r["rate"])])
+    return rows
 
 
 def aggregate(rows):
-    """One row per (hosts, rate, config, model): the median step of its samples, and how many there were."""
+    """One row per (hosts, rate, config, model): the median step of its samples, how many there were,
+    and the median of the compute times paired with them (compute_s, where any was)."""
     groups = {}
     for r in rows:
-        groups.setdefault((r["hosts"], r["rate"], r["config"], r.get("model", "resnet50")), []).append(r["step_s"])
-    return [{"hosts": h, "rate": rate, "config": c, "model": m, "step_s": statistics.median(v), "samples": len(v)}
-            for (h, rate, c, m), v in sorted(groups.items())]
+        groups.setdefault((r["hosts"], r["rate"], r["config"], r.get("model", "resnet50")), []).append(r)
+    out = []
+    for (h, rate, c, m), rs in sorted(groups.items()):
+        row = {"hosts": h, "rate": rate, "config": c, "model": m, "step_s": statistics.median(r["step_s"] for r in rs),
+               "samples": len(rs)}
+        paired = [r["compute_s"] for r in rs if r.get("compute_s")]
+        if paired:
+            row["compute_s"] = statistics.median(paired)
+        out.append(row)
+    return out
 
 
 def measure(ns):
@@ -201,6 +219,9 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
     cores = cores or os.cpu_count()
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
     samples = {(r["hosts"], r["rate"], r["config"]): r.get("samples", 1) for r in rows}
+    # compute alone of the runs a row was measured with (read_measured), else the median of all
+    paired = {(r["hosts"], r["rate"], r["config"]): r["compute_s"] for r in rows if r.get("compute_s")}
+    compute_of = lambda h, rate, config: paired.get((h, rate, config), by.get((h, rate, "compute")))  # noqa: E731
     rates = sorted({r["rate"] for r in rows})
     measured_betas = {}
     for rate in rates:
@@ -225,7 +246,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                                                    codec=c * ranks_per_core(h, cores)), high=1e-6)
             for h, t in bf16) if bf16 else 0.0
         codec_of = lambda h: codec * ranks_per_core(h, cores)  # noqa: E731
-        runs = [(h, by[(h, rate, "compute")], by[(h, rate, "overlap")]) for h in fit_hosts
+        runs = [(h, compute_of(h, rate, "overlap"), by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
         kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap",
                                                          k * ranks_per_core(h, cores), binary, cpu=cpu)
@@ -240,13 +261,13 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
             if r8 != rate or config not in POLICY_OF or (config not in ("comm", "comm_bf16")
                                                          and (h, rate, "compute") not in by):
                 continue
-            compute = 0.0 if config.startswith("comm") else by[(h, rate, "compute")]
+            compute = 0.0 if config.startswith("comm") else compute_of(h, rate, config)
             predicted = predict(table, compute, h, alpha, beta_of(h), POLICY_OF[config],
                                 0.0 if compute == 0 else kappa_of(h), binary, codec_of(h), cpu, codec_sharing)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
                         "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted,
-                        "samples": samples[(h, rate, config)]})
+                        "samples": samples[(h, rate, config)], "compute_s": compute})
     return fits, out
 
 

@@ -3,7 +3,8 @@
 // background thread, which owns MPI (MPI is initialised with MPI_THREAD_MULTIPLE when mlsl_tf
 // initialises it, so a user's own mpi4py calls on other threads stay legal). Allreduces of at
 // least MLSL_TF_RING_BYTES among the ranks of one machine run as its own point-to-point ring
-// that reuses its buffers; the rest, and everything across machines, as MPI's collectives.
+// that reuses its buffers, and all-to-alls as point-to-point messages; the rest, and every
+// other collective across machines, as MPI's nonblocking collectives.
 #pragma once
 
 #include <memory>

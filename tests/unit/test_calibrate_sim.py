@@ -46,6 +46,13 @@ def test_read_measured_takes_hosts_from_the_job_lines(tmp_path):
     assert calibrate_sim.read_measured(str(f)) == [
         {"hosts": 3, "rate": "1gbit", "config": "fifo", "model": "resnet50", "step_s": 2.0},
         {"hosts": 4, "rate": "10gbit", "config": "comm", "model": "resnet50", "step_s": 0.4}]
+    # a file that also timed compute alone pairs it with its other rows of the same hosts and rate
+    paired = tmp_path / "cal_2_1gbit.jsonl"
+    paired.write_text("\n".join(json.dumps({"median": {"model": "resnet50", "link": "1gbit", "config": c, "step_s": t}})
+                                for c, t in (("compute", 0.8), ("overlap", 1.1))) + "\n")
+    assert calibrate_sim.read_measured(str(paired)) == [
+        {"hosts": 2, "rate": "1gbit", "config": "compute", "model": "resnet50", "step_s": 0.8},
+        {"hosts": 2, "rate": "1gbit", "config": "overlap", "model": "resnet50", "step_s": 1.1, "compute_s": 0.8}]
     mixed = tmp_path / "mixed.jsonl"
     mixed.write_text(json.dumps({"job": {"ranks": 2}}) + "\n" + json.dumps({"job": {"ranks": 4}}) + "\n")
     with pytest.raises(ValueError, match="several rank counts"):
@@ -56,6 +63,10 @@ def test_aggregate_takes_the_median_of_each_configuration():
     row = lambda config, t: {"hosts": 2, "rate": "1gbit", "config": config, "model": "resnet50", "step_s": t}  # noqa: E731
     got = calibrate_sim.aggregate([row("fifo", 1.0), row("fifo", 3.0), row("fifo", 1.2), row("comm", 0.5)])
     assert got == [dict(row("comm", 0.5), samples=1), dict(row("fifo", 1.2), samples=3)]
+    # the compute times paired with a configuration's samples (read_measured) give their median too
+    got = calibrate_sim.aggregate([dict(row("fifo", 1.0), compute_s=0.5), dict(row("fifo", 3.0), compute_s=0.9),
+                                   row("fifo", 1.2), dict(row("fifo", 1.1), compute_s=0.6)])
+    assert got == [dict(row("fifo", 1.15), samples=4, compute_s=0.6)]
 
 
 def test_fit_log_monotone():
@@ -113,3 +124,22 @@ def test_round_trip_through_the_simulator(binary):
     assert len(results) == 12 and all(abs(r["error"]) < 0.02 for r in results)
     s = calibrate_sim.summary(results)["summary"]
     assert s["held_out"] == 6 and s["held_out_within_10pct"] == 6 and s["all_within_10pct"] == 12
+
+
+def test_rows_are_predicted_from_the_compute_of_their_own_runs(binary):
+    # Runs made with 60 ms of compute, while the median of all compute-alone samples says 90 ms (the
+    # machine was slower when those were taken): the rows carry their own compute and fit exactly.
+    alpha, beta, kappa = 20e-6, 8e-9, 0.3
+    rows = []
+    for h in (2, 3):
+        rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": 0.09})
+        for config in ("comm", "fifo", "overlap"):
+            compute = 0.0 if config == "comm" else 0.06
+            k = 0.0 if compute == 0 else kappa * calibrate_sim.ranks_per_core(h, 2)
+            t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config], k, cpu="both")
+            rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t,
+                         **({} if config == "comm" else {"compute_s": 0.06})})
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)
+    assert fits["1gbit"]["cpu_factor"] == pytest.approx(kappa, rel=0.1)
+    assert all(abs(r["error"]) < 0.02 for r in results)
+    assert {r["compute_s"] for r in results if r["config"] != "comm"} == {0.06}
