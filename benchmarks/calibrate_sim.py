@@ -133,8 +133,8 @@ def read_measured(path):
         raise ValueError(f"{path}: jobs of several rank counts {sorted(ranks)}; give one file per host count")
     hosts = ranks.pop() if ranks else 2
     rows = parse_medians(lines, hosts) + [json.loads(l)["measured"] for l in lines if l.startswith('{"measured"')]
-    # This machine's speed drifts by tens of percent between hours (ResNet-50 compute alone on 2
-    # hosts: 0.53-0.65 s one day, 0.84 s another): a file that timed compute alone pairs that
+    # This machine's speed drifts by tens of percent within an hour (ResNet-50 compute alone on 2
+    # hosts: 0.84 s, then 0.56 s twenty minutes later): a file that timed compute alone pairs that
     # figure with each of its other rows, which are then predicted from the compute of their own run.
     computes = {(r["hosts"], r["rate"]): r["step_s"] for r in rows if r["config"] == "compute"}
     for r in rows:
