@@ -266,22 +266,21 @@ class RingAllreduce : public PendingOp {
 // sleeps between tests, a 256 KiB-per-peer exchange took 7.9 ms instead of 0.4 ms
 // (2 ranks, 10 Gbit/s emulated link); plain sends and receives move within one test.
 // Every message is posted, zero-length ones too, so the matching never depends on the counts
-// agreeing. Driven by Test.
+// agreeing. `sends` and `recvs` are byte counts[size] then displacements[size]. Driven by Test.
 class PointToPointAlltoallv : public PendingOp {
  public:
   static constexpr int kRounds = 32;
-  PointToPointAlltoallv(MPI_Comm comm, int rank, int size, int tag, const void* send, std::vector<int64_t> send_bytes,
-                        void* recv, std::vector<int64_t> recv_bytes)
+  PointToPointAlltoallv(MPI_Comm comm, int rank, int size, int tag, const void* send, std::vector<int> sends,
+                        void* recv, std::vector<int> recvs)
       : comm_(comm), rank_(rank), size_(size), tag_(tag), send_(static_cast<const char*>(send)),
-        recv_(static_cast<char*>(recv)), send_bytes_(std::move(send_bytes)), recv_bytes_(std::move(recv_bytes)),
-        send_off_(Offsets(send_bytes_)), recv_off_(Offsets(recv_bytes_)) {
-    if (send_bytes_[rank_] != recv_bytes_[rank_]) {
-      error_ = "alltoall: this rank sends itself " + std::to_string(send_bytes_[rank_]) + " bytes but expects " +
-               std::to_string(recv_bytes_[rank_]);
+        recv_(static_cast<char*>(recv)), sends_(std::move(sends)), recvs_(std::move(recvs)) {
+    if (sends_[rank_] != recvs_[rank_]) {
+      error_ = "alltoall: this rank sends itself " + std::to_string(sends_[rank_]) + " bytes but expects " +
+               std::to_string(recvs_[rank_]);
       return;
     }
     reqs_.reserve(2 * size_t(std::min(size_ - 1, kRounds)));
-    if (send_bytes_[rank_] > 0) std::memcpy(recv_ + recv_off_[rank_], send_ + send_off_[rank_], send_bytes_[rank_]);
+    if (sends_[rank_] > 0) std::memcpy(recv_ + recvs_[size_ + rank_], send_ + sends_[size_ + rank_], sends_[rank_]);
     PostRounds();
   }
   ~PointToPointAlltoallv() override {
@@ -308,20 +307,15 @@ class PointToPointAlltoallv : public PendingOp {
   }
 
  private:
-  static std::vector<int64_t> Offsets(const std::vector<int64_t>& bytes) {
-    std::vector<int64_t> off(bytes.size() + 1, 0);
-    for (size_t i = 0; i < bytes.size(); ++i) off[i + 1] = off[i] + bytes[i];
-    return off;
-  }
   void PostRounds() {
     const int last = std::min(size_, next_ + kRounds);
     for (; next_ < last; ++next_) {
       const int to = (rank_ + next_) % size_, from = (rank_ - next_ + size_) % size_;
       reqs_.push_back(MPI_REQUEST_NULL);
-      int rc = MPI_Irecv(recv_ + recv_off_[from], int(recv_bytes_[from]), MPI_BYTE, from, tag_, comm_, &reqs_.back());
+      int rc = MPI_Irecv(recv_ + recvs_[size_ + from], recvs_[from], MPI_BYTE, from, tag_, comm_, &reqs_.back());
       if (rc == MPI_SUCCESS) {
         reqs_.push_back(MPI_REQUEST_NULL);
-        rc = MPI_Isend(send_ + send_off_[to], int(send_bytes_[to]), MPI_BYTE, to, tag_, comm_, &reqs_.back());
+        rc = MPI_Isend(send_ + sends_[size_ + to], sends_[to], MPI_BYTE, to, tag_, comm_, &reqs_.back());
       }
       if (rc != MPI_SUCCESS) {
         error_ = MpiError("MPI_Isend/MPI_Irecv(alltoall)", rc);
@@ -334,7 +328,7 @@ class PointToPointAlltoallv : public PendingOp {
   const int rank_, size_, tag_;
   const char* send_;
   char* recv_;
-  const std::vector<int64_t> send_bytes_, recv_bytes_, send_off_, recv_off_;
+  const std::vector<int> sends_, recvs_;
   std::vector<MPI_Request> reqs_;
   int next_ = 1;  // the next round to post
   std::string error_;
@@ -379,9 +373,7 @@ class MpiCommunicator : public Communicator {
     if (!FitsInt(count)) return TooLarge("allreduce");
     const int64_t bytes = count * int64_t(DataTypeSize(dtype));
     if (topo_.cross_size == 1 && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
-      // Every rank starts the same operations in the same order, so the tags agree.
-      tag_ = tag_ % kMaxRingTag + 1;
-      return std::make_unique<RingAllreduce>(comm_, rank_, size_, tag_, buf, count, dtype, op, send, pool_);
+      return std::make_unique<RingAllreduce>(comm_, rank_, size_, NextTag(), buf, count, dtype, op, send, pool_);
     }
     auto p = std::make_unique<MpiPending>();
     int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op, topo_.cross_size > 1), comm_, p->request());
@@ -410,9 +402,8 @@ class MpiCommunicator : public Communicator {
                                        const std::vector<int64_t>& recv_bytes) override {
     std::vector<int> s, r;
     if (!CountsAndDispls(send_bytes, &s) || !CountsAndDispls(recv_bytes, &r)) return TooLarge("alltoall");
-    // Every rank starts the same operations in the same order, so the tags agree.
-    tag_ = tag_ % kMaxRingTag + 1;
-    return std::make_unique<PointToPointAlltoallv>(comm_, rank_, size_, tag_, send, send_bytes, recv, recv_bytes);
+    return std::make_unique<PointToPointAlltoallv>(comm_, rank_, size_, NextTag(), send, std::move(s), recv,
+                                                   std::move(r));
   }
   std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                            DataType dtype, ReduceOp op) override {
@@ -472,7 +463,10 @@ class MpiCommunicator : public Communicator {
     return t;
   }
 
-  static constexpr int kMaxRingTag = 32767;  // the least MPI_TAG_UB the standard allows
+  // Tags of the point-to-point operations (ring allreduce, all-to-all). Every rank starts the
+  // same operations in the same order, so the tags agree.
+  int NextTag() { return tag_ = tag_ % kMaxTag + 1; }
+  static constexpr int kMaxTag = 32767;  // the least MPI_TAG_UB the standard allows
   std::map<int64_t, MPI_Datatype> control_types_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
