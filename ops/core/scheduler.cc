@@ -193,8 +193,9 @@ void Scheduler::StartChunk(Work* w) {
     float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
     float* res_out = w->res_out.empty() ? nullptr : w->res_out.data() + w->next;
     // The slot's previous unit has completed (the window never lets more than `inflight` run).
+    // The average's division and the postscale happen on each rank's slice inside (Finalize skips them).
     unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op,
-                                         &wire_scratch_[slot_index], res_in, res_out)
+                                         &wire_scratch_[slot_index], res_in, res_out, PostFactor(*w))
                     : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
@@ -313,9 +314,13 @@ void Scheduler::Progress() {
   }
 }
 
+double Scheduler::PostFactor(const Work& w) const {
+  return w.meta.reduce_op == ReduceOp::kAverage ? w.meta.postscale / comm_->size() : w.meta.postscale;
+}
+
 void Scheduler::Finalize(Work* w) {
   const size_t esize = DataTypeSize(w->meta.dtype);
-  double post = w->meta.reduce_op == ReduceOp::kAverage ? w->meta.postscale / comm_->size() : w->meta.postscale;
+  const double post = w->meta.compressed() ? 1.0 : PostFactor(*w);  // a compressed chunk scaled its own result
   for (Part& p : w->parts) {
     if (!p.request) continue;
     if (w->status.ok()) {

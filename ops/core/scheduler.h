@@ -85,6 +85,8 @@ class Scheduler {
   void RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined);
   void Complete(uint64_t seq);
   void Finalize(Work* w);
+  // What the result of w is multiplied by: postscale, and 1/size for an average.
+  double PostFactor(const Work& w) const;
   // The communicator of in-flight slot i, made on first use: chunks in different slots never
   // queue behind each other inside MPI, and a two-step (compressed) chunk's steps stay in order.
   Communicator* Slot(int i);

@@ -89,9 +89,9 @@ class SliceReduce {
 class WireAllreduce : public PendingOp {
  public:
   WireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire, ReduceOp op,
-                WireScratch* scratch, float* res_in, float* res_out)
-      : comm_(comm), buf_(buf), n_(n), wire_(wire), res_out_(res_out), s_(scratch), counts_(Slices(n, comm->size())),
-        slices_(comm, in, counts_, wire, op, scratch, res_in) {}
+                WireScratch* scratch, float* res_in, float* res_out, double scale)
+      : comm_(comm), buf_(buf), n_(n), wire_(wire), res_out_(res_out), scale_(scale), s_(scratch),
+        counts_(Slices(n, comm->size())), slices_(comm, in, counts_, wire, op, scratch, res_in) {}
 
   Status Test(bool* done) override {
     *done = false;
@@ -102,6 +102,7 @@ class WireAllreduce : public PendingOp {
       const int64_t mine = counts_[comm_->rank()];
       s_->acc.resize(mine);
       slices_.Reduce(s_->acc.data());
+      ScaleInPlace(s_->acc.data(), mine, DataType::kFloat32, scale_);
       const size_t esize = WireElementSize(wire_);
       s_->reduced.resize(mine * esize);
       int64_t first = 0;
@@ -120,6 +121,7 @@ class WireAllreduce : public PendingOp {
   int64_t n_;
   DataType wire_;
   float* res_out_;
+  double scale_;
   WireScratch* s_;
   std::vector<int64_t> counts_;
   SliceReduce slices_;
@@ -155,8 +157,9 @@ void DecodeWire(DataType wire, const void* in, float* out, int64_t n) {
 }
 
 std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire,
-                                              ReduceOp op, WireScratch* scratch, float* res_in, float* res_out) {
-  return std::make_unique<WireAllreduce>(comm, in, buf, n, wire, op, scratch, res_in, res_out);
+                                              ReduceOp op, WireScratch* scratch, float* res_in, float* res_out,
+                                              double scale) {
+  return std::make_unique<WireAllreduce>(comm, in, buf, n, wire, op, scratch, res_in, res_out, scale);
 }
 
 Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,

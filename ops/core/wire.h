@@ -1,7 +1,8 @@
 // Compressed collectives: float32 data that travels as a 16-bit wire type (bfloat16 or
 // float16) while every sum is accumulated in float32. Each element is rounded once on the way
 // in and once on the way out, however many ranks there are:
-//   encode -> all-to-all of 16-bit slices -> float32 reduction of my slice -> encode -> allgather -> decode
+//   encode -> all-to-all of 16-bit slices -> float32 reduction of my slice (times an average's 1/size)
+//   -> encode -> allgather -> decode
 // (a reduce-scatter by all-to-all, then an allgather). Per-hop schemes (ring or tree reductions
 // of 16-bit data) round at every hop instead, so their error grows with the number of ranks.
 #pragma once
@@ -41,9 +42,12 @@ void DecodeWire(DataType wire, const void* in, float* out, int64_t n);
 // not start anything else on that communicator while one is in flight.
 // `in` may be buf itself or a separate input of n elements.
 // `scratch` must outlive the op and serve no other op while it is in flight.
+// `scale` multiplies the result (an average's 1/size, a postscale factor): each rank scales its
+// own slice of the float32 reduction before rounding it for the allgather, so the scaling costs
+// 1/size of a pass over the data instead of a pass over all of it after.
 std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* in, float* buf, int64_t n, DataType wire,
                                               ReduceOp op, WireScratch* scratch,
-                                              float* res_in = nullptr, float* res_out = nullptr);
+                                              float* res_in = nullptr, float* res_out = nullptr, double scale = 1.0);
 
 // Blocking reduce-scatter of float32 data through `wire`: in holds sum(counts) elements, out
 // receives this rank's counts[rank] elements of the float32 reduction (rounded once, on the way in).

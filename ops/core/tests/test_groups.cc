@@ -140,7 +140,9 @@ TEST(groups_removed_group_refuses_work) {
 }
 
 // bf16 on the wire: each element rounded once in, summed in float32 in rank order, rounded once out.
-static void WireAllreduceExact(int n, DataType wire, int64_t count, const char* chunk_bytes) {
+// An average (and a postscale) multiplies the float32 sum before that last rounding.
+static void WireAllreduceExact(int n, DataType wire, int64_t count, const char* chunk_bytes,
+                               ReduceOp op = ReduceOp::kSum, double postscale = 1.0) {
   setenv("MLSL_TF_CHUNK_BYTES", chunk_bytes, 1);
   std::vector<std::vector<float>> data(n, std::vector<float>(count));
   std::mt19937 gen(42);
@@ -151,14 +153,16 @@ static void WireAllreduceExact(int n, DataType wire, int64_t count, const char* 
   for (int64_t i = 0; i < count; ++i) {
     float acc = enc(data[0][i]);
     for (int r = 1; r < n; ++r) acc += enc(data[r][i]);
-    want[i] = enc(acc);
+    const double factor = op == ReduceOp::kAverage ? postscale / n : postscale;
+    want[i] = enc(factor == 1.0 ? acc : float(double(acc) * factor));
   }
   RunRanks(n, [&](int rank, Runtime& rt) {
     for (int fused = 0; fused < 2; ++fused) {
       std::vector<std::future<Result>> fs;
       for (int k = 0; k < (fused ? 3 : 1); ++k) {
-        Request r = Reduce("w" + std::to_string(fused) + std::to_string(k), data[rank], 0);
+        Request r = Reduce("w" + std::to_string(fused) + std::to_string(k), data[rank], 0, op);
         r.wire = int(wire);
+        r.postscale = postscale;
         fs.push_back(Submit(rt, std::move(r)));
       }
       for (auto& f : fs) {
@@ -179,6 +183,12 @@ TEST(wire_bf16_allreduce_rounds_once_in_and_once_out) {
   WireAllreduceExact(3, DataType::kBfloat16, 5000, "4096");  // chunked, slices of unequal size
   WireAllreduceExact(4, DataType::kBfloat16, 3, "1048576");  // fewer elements than ranks
   WireAllreduceExact(3, DataType::kFloat16, 777, "1000");
+}
+
+TEST(wire_bf16_average_scales_each_slice_before_the_last_rounding) {
+  WireAllreduceExact(3, DataType::kBfloat16, 5000, "4096", ReduceOp::kAverage);
+  WireAllreduceExact(3, DataType::kBfloat16, 1001, "1048576", ReduceOp::kAverage, 2.0);
+  WireAllreduceExact(2, DataType::kBfloat16, 777, "1000", ReduceOp::kSum, 0.3);
 }
 
 TEST(wire_bf16_reducescatter_and_average) {
