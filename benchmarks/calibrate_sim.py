@@ -15,7 +15,10 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    when the kernel's TCP work is the bottleneck a byte costs c x (ranks sending at once per
    core) -- beta(hosts) = max(beta_link, c x max(1, pof2(hosts) / cores)), pof2 being the
    ranks MPICH's reduce-scatter/allgather runs among (measured: comm alone at 10 Gbit/s on
-   2, 3, 4 hosts takes 1 : 1.9 : 3.0, where the link alone says 1 : 2 : 1.5); the codec cost (CPU s per byte of the
+   2, 3, 4 hosts takes 1 : 1.9 : 3.0, where the link alone says 1 : 2 : 1.5). The simulator is
+   then given the link's beta and the CPU's (SimFabric cpu_beta, shared_cores) and charges each
+   phase of a collective by the ranks that send in it: pof2 in the allreduce's main part, every
+   rank in the bf16 path's all-to-all and allgather. Then the codec cost (CPU s per byte of the
    bf16 path) so that `comm_bf16` matches; then how much computing and communicating slow each
    other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
    link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
@@ -34,6 +37,7 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
 """
 
 import argparse
+import functools
 import json
 import math
 import os
@@ -62,7 +66,9 @@ def pof2(n):
 
 
 def cpu_share(hosts, cores):
-    """Ranks moving bytes at once per core of the machine the emulated hosts share."""
+    """Ranks moving bytes at once per core of the machine the emulated hosts share, in the phase
+    that carries an fp32 allreduce's bytes (MPICH's reduce-scatter/allgather among pof2 ranks;
+    the simulator's SendBeta charges every phase this way)."""
     return max(1.0, pof2(hosts) / cores)
 
 
@@ -175,12 +181,15 @@ def measure(ns):
 
 
 def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0, cpu="both",
-            codec_sharing=CODEC_SHARING):
-    """Simulated step time of `policy` on `hosts` ranks; compute_s = 0 for communication alone."""
+            codec_sharing=CODEC_SHARING, cpu_beta=0.0, cores=0):
+    """Simulated step time of `policy` on `hosts` ranks; compute_s = 0 for communication alone.
+    cpu_beta, cores: the emulated hosts' TCP work on the machine's shared cores (0: not modelled)."""
     layers = simulate.timed_layers(table, compute_s) if compute_s > 0 else \
         [(n, 0.0, 0.0, g) for n, _, _, g in simulate.timed_layers(table, 1.0)]
     overrides = {"interference": interference, "contention": interference} if cpu == "both" else {cpu: interference}
     overrides.update(codec_interference=codec_sharing, codec_contention=codec_sharing)
+    if cpu_beta > 0 and cores > 0:
+        overrides.update(cpu_beta=float(cpu_beta), shared_cores=int(cores))
     text = simulate.config_text(layers, hosts, 1.0 / beta, alpha, policy, steps=5, warmup=1,
                                 overrides=overrides, codec=codec)
     return simulate.run_config(text, binary)["step_s"]
@@ -233,24 +242,30 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
     if not measured_betas:
         return {}, []
     links, cpu_beta = fit_link_and_cpu(measured_betas, cores)
+
+    def simulated(rate, h, compute, policy, **kw):
+        # the link's beta and the machine's CPU beta go to the simulator, which charges each phase
+        # of a collective the slower of the link and the cores shared by the ranks sending in it
+        return predict(table, compute, h, alpha, links[rate], policy, binary=binary, cpu_beta=cpu_beta, cores=cores,
+                       **kw)
+
+    # The codec is CPU work, the same per byte at any link rate: one figure for the machine, fitted
+    # on every comm_bf16 run (least squares of the relative error). The emulated hosts' background
+    # threads share the machine's cores: per rank, a codec byte costs c x (ranks per core).
+    bf16 = [(rate, h, by[(h, rate, "comm_bf16")]) for rate in rates if rate in links for h in fit_hosts
+            if (h, rate, "comm_bf16") in by]
+    codec = fit_least_squares(lambda c: sum((simulated(rate, h, 0, "bf16", codec=c * ranks_per_core(h, cores)) / t - 1)
+                                            ** 2 for rate, h, t in bf16), high=1e-6) if bf16 else 0.0
+    codec_of = lambda h: codec * ranks_per_core(h, cores)  # noqa: E731
     fits, out = {}, []
     for rate in rates:
         if rate not in links:
             continue
-        beta_of = lambda h, rate=rate: effective_beta(links[rate], cpu_beta, h, cores)  # noqa: E731
-        bf16 = [(h, by[(h, rate, "comm_bf16")]) for h in fit_hosts if (h, rate, "comm_bf16") in by]
-        # the emulated hosts' background threads share the machine's cores: per rank, a codec byte
-        # costs c x (ranks per core)
-        codec = statistics.mean(
-            fit_monotone(t, lambda c, h=h: predict(table, 0, h, alpha, beta_of(h), "bf16", binary=binary,
-                                                   codec=c * ranks_per_core(h, cores)), high=1e-6)
-            for h, t in bf16) if bf16 else 0.0
-        codec_of = lambda h: codec * ranks_per_core(h, cores)  # noqa: E731
+        sim = functools.partial(simulated, rate)
         runs = [(h, compute_of(h, rate, "overlap"), by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
-        kappa = fit_least_squares(lambda k: sum((predict(table, c, h, alpha, beta_of(h), "overlap",
-                                                         k * ranks_per_core(h, cores), binary, cpu=cpu)
-                                                 / t - 1) ** 2 for h, c, t in runs)) if runs else 0.0
+        kappa = fit_least_squares(lambda k: sum((sim(h, c, "overlap", interference=k * ranks_per_core(h, cores),
+                                                     cpu=cpu) / t - 1) ** 2 for h, c, t in runs)) if runs else 0.0
         kappa_of = lambda h: kappa * ranks_per_core(h, cores)  # noqa: E731
         fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
                       "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
@@ -262,8 +277,8 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                                                          and (h, rate, "compute") not in by):
                 continue
             compute = 0.0 if config.startswith("comm") else compute_of(h, rate, config)
-            predicted = predict(table, compute, h, alpha, beta_of(h), POLICY_OF[config],
-                                0.0 if compute == 0 else kappa_of(h), binary, codec_of(h), cpu, codec_sharing)
+            predicted = sim(h, compute, POLICY_OF[config], interference=0.0 if compute == 0 else kappa_of(h),
+                            codec=codec_of(h), cpu=cpu, codec_sharing=codec_sharing)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
                         "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted,

@@ -23,17 +23,20 @@ int Log2Ceil(int p) {
   return k;
 }
 
-// An allreduce among q participants that each hold n bytes, over links of (alpha, beta).
-SimCost FlatAllreduce(const std::string& algorithm, int q, double n, double alpha, double beta, double gamma) {
+// An allreduce among q participants (the hosts) that each hold n bytes.
+SimCost FlatAllreduce(const SimFabric& f, const std::string& algorithm, int q, double n) {
+  const double alpha = f.alpha, gamma = f.gamma;
   SimCost c;
   if (q <= 1) return c;
   if (algorithm == "ring") {
     c.latency = 2.0 * (q - 1) * alpha + double(q - 1) / q * n * gamma;
-    c.link = 2.0 * (q - 1) / q * n * beta;
+    c.link = 2.0 * (q - 1) / q * n * SendBeta(f, q);
     return c;
   }
   const int lg = Log2Floor(q);
   const int pof2 = 1 << lg;
+  const double beta = SendBeta(f, pof2);
+  c.on_thread = beta > f.beta;
   if (algorithm == "rd") {
     c.latency = lg * (alpha + n * gamma);
     c.link = lg * n * beta;
@@ -48,8 +51,9 @@ SimCost FlatAllreduce(const std::string& algorithm, int q, double n, double alph
     // back (the fold travels on the extra rank's link). So the fold is not shared, the return is.
     // Measured here (MPICH 5.0.2, 16 MiB, one rank per emulated 1 Gbit/s host): 3 ranks take
     // 2.96x the time of 2 alone; ResNet-50's chunks, 4 in flight, 1.9-2.1x.
-    c.latency += 2 * alpha + n * gamma + n * beta;
-    c.link += n * beta;
+    const double extra = SendBeta(f, q - pof2);
+    c.latency += 2 * alpha + n * gamma + n * extra;
+    c.link += n * extra;
   }
   return c;
 }
@@ -75,6 +79,11 @@ int64_t Sum(const std::vector<int64_t>& v) {
 
 }  // namespace
 
+double SendBeta(const SimFabric& f, int senders) {
+  if (f.shared_cores <= 0 || f.cpu_beta <= 0) return f.beta;
+  return std::max(f.beta, f.cpu_beta * std::max(1.0, double(senders) / f.shared_cores));
+}
+
 std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
   if (f.allreduce != "auto") return f.allreduce;
   // MPICH also falls back to recursive doubling when there are fewer elements than ranks.
@@ -86,7 +95,7 @@ std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
 SimCost AllreduceCost(const SimFabric& f, int64_t bytes) {
   const int r = std::max(1, std::min(f.ranks_per_host, f.ranks));
   const int hosts = (f.ranks + r - 1) / r;
-  SimCost c = FlatAllreduce(AllreduceAlgorithm(f, bytes), hosts, double(bytes), f.alpha, f.beta, f.gamma);
+  SimCost c = FlatAllreduce(f, AllreduceAlgorithm(f, bytes), hosts, double(bytes));
   if (r > 1) {  // reduce inside the host, allreduce between hosts, bcast inside the host
     const double steps = Log2Ceil(r);
     c.latency += steps * (f.alpha_shm + bytes * f.beta_shm + bytes * f.gamma);
@@ -101,7 +110,8 @@ SimCost AllgatherCost(const SimFabric& f, int64_t total_bytes) {
   if (p <= 1) return c;
   c.latency = (total_bytes < kShortAllgather ? Log2Ceil(p) : p - 1) * f.alpha;
   c.cpu = total_bytes * f.codec;
-  c.link = double(p - 1) / p * total_bytes * f.beta;
+  c.link = double(p - 1) / p * total_bytes * SendBeta(f, p);
+  c.on_thread = SendBeta(f, p) > f.beta;
   return c;
 }
 
@@ -112,7 +122,8 @@ SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes) {
   if (p <= 1) return c;
   c.latency = (p - 1) * f.alpha;
   c.cpu = sent_bytes * f.codec;
-  c.link = double(p - r) / p * sent_bytes * r * f.beta;
+  c.link = double(p - r) / p * sent_bytes * r * SendBeta(f, p);
+  c.on_thread = SendBeta(f, p) > f.beta;
   return c;
 }
 
@@ -122,10 +133,10 @@ SimCost BroadcastCost(const SimFabric& f, int64_t bytes) {
   if (p <= 1) return c;
   if (bytes < kShortBroadcast) {
     c.latency = Log2Ceil(p) * f.alpha;
-    c.link = Log2Ceil(p) * bytes * f.beta;
+    c.link = Log2Ceil(p) * bytes * SendBeta(f, p);
   } else {
     c.latency = (Log2Ceil(p) + p - 1) * f.alpha;
-    c.link = 2.0 * (p - 1) / p * bytes * f.beta;
+    c.link = 2.0 * (p - 1) / p * bytes * SendBeta(f, p);
   }
   return c;
 }
@@ -135,7 +146,7 @@ SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes) {
   SimCost c;
   if (p <= 1) return c;
   c.latency = (p - 1) * f.alpha + double(p - 1) / p * total_bytes * f.gamma;
-  c.link = double(p - 1) / p * total_bytes * f.beta;
+  c.link = double(p - 1) / p * total_bytes * SendBeta(f, p);
   return c;
 }
 
@@ -152,7 +163,7 @@ std::chrono::steady_clock::time_point SimNetwork::Now() const {
 
 uint64_t SimNetwork::Start(SimCost c) {
   const uint64_t h = next_handle_++;
-  if (c.total() > 0) ops_[h] = Op{c.cpu, c.latency, now_ + c.latency, c.link};
+  if (c.total() > 0) ops_[h] = Op{c.cpu, c.latency, now_ + c.latency, c.link, c.on_thread};
   return h;
 }
 
@@ -165,24 +176,30 @@ std::map<uint64_t, SimNetwork::Op>::const_iterator SimNetwork::CpuHead() const {
 
 bool SimNetwork::cpu_active() const { return CpuHead() != ops_.end(); }
 
+bool SimNetwork::Moving(const Op& op, bool thread_busy) const {
+  return op.cpu_left <= 0 && op.latency_end <= now_ && !(op.on_thread && thread_busy);
+}
+
 double SimNetwork::NextChange(int* sharing) const {
-  auto in_link = [&](const Op& op) { return op.cpu_left <= 0 && op.latency_end <= now_; };
+  const auto head = CpuHead();
+  const bool busy = head != ops_.end();
   int k = 0;
-  for (const auto& [h, op] : ops_) k += in_link(op);
+  for (const auto& [h, op] : ops_) k += Moving(op, busy);
   double next = std::numeric_limits<double>::infinity();
   for (const auto& [h, op] : ops_) {
     if (op.cpu_left > 0) continue;
-    next = std::min(next, op.latency_end > now_ ? op.latency_end : now_ + op.link_left * k / rate_);
+    if (op.latency_end > now_) next = std::min(next, op.latency_end);
+    else if (Moving(op, busy)) next = std::min(next, now_ + op.link_left * k / rate_);
   }
-  const auto head = CpuHead();
   if (head != ops_.end()) next = std::min(next, now_ + head->second.cpu_left / cpu_rate_);
   *sharing = k;
   return next;
 }
 
 bool SimNetwork::link_active() const {
+  const bool busy = cpu_active();
   for (const auto& [h, op] : ops_) {
-    if (op.cpu_left <= 0 && op.latency_end <= now_) return true;
+    if (Moving(op, busy)) return true;
   }
   return false;
 }
@@ -198,17 +215,18 @@ void SimNetwork::AdvanceTo(double t) {
     const double change = NextChange(&k);
     const double until = std::min(change, t);
     const double dt = std::max(0.0, until - now_);
+    const auto head = CpuHead();
+    const bool busy = head != ops_.end();
     if (k > 0) {
       for (auto& [h, op] : ops_) {
-        if (op.cpu_left > 0 || op.latency_end > now_) continue;
+        if (!Moving(op, busy)) continue;
         // The operation whose completion is the change completes exactly (no rounding residue).
         const bool completes = change <= t && now_ + op.link_left * k / rate_ <= change;
         op.link_left = completes ? 0 : op.link_left - dt * rate_ / k;
       }
       link_busy_ += dt;
     }
-    const auto head = CpuHead();
-    if (head != ops_.end()) {
+    if (busy) {
       Op& op = ops_[head->first];
       const bool completes = change <= t && now_ + op.cpu_left / cpu_rate_ <= change;
       op.cpu_left = completes ? 0 : op.cpu_left - dt * cpu_rate_;

@@ -22,11 +22,17 @@
 //   barrier                          log2(p) alpha                                 (dissemination)
 //   all-to-all and allgather(v) also pay codec x bytes of CPU work (the bf16 path's encode,
 //   reduce and decode on the background thread).
+//   shared_cores c > 0 (every rank's host emulated on one machine of c cores, as in
+//   benchmarks/hosts.py): sending a byte also costs cpu_beta of the machine's CPU, so a phase in
+//   which s ranks send at once moves bytes at max(beta, cpu_beta max(1, s / c)) per byte
+//   (s: pof2 for recursive doubling's and Rabenseifner's main part, p - pof2 for the fold,
+//   p for ring, all-to-all, allgather, broadcast and reduce-scatter).
 // Each cost has a CPU part (codec), a latency part (alpha and intra-host terms, gamma) and a
 // link part (beta terms, at the full link), played in that order. Sharing: operations in their
 // link part progress together, each at 1/k of the link when k are in that part (processor
 // sharing), as chunks on separate communicators share one NIC. CPU parts run one at a time in
-// start order, as the one background thread does them; the latency parts never contend.
+// start order, as the one background thread does them; the latency parts never contend. Link
+// parts that the thread itself drives (SimCost::on_thread) stop while it does a CPU part.
 //
 // One process stands for every rank: results are the local data (a sum over identical ranks
 // is not formed; the simulator only needs the timing). Control messages keep their words.
@@ -56,12 +62,23 @@ struct SimFabric {
   // CPU s per byte of 16-bit data on the compressed path (wire.h): its encode and float32 reduce
   // before the all-to-all, encode and decode around the allgather; charged to each as CPU work.
   double codec = 0;
+  // The ranks' hosts emulated on one machine: its cores (0: every host has its own CPU) and the
+  // CPU s per byte one rank's TCP sending costs.
+  int shared_cores = 0;
+  double cpu_beta = 0;
 };
+
+// s per byte when `senders` ranks send at once (beta, or the shared cores' rate when slower).
+double SendBeta(const SimFabric& f, int senders);
 
 struct SimCost {
   double latency = 0;  // s, not shared
   double link = 0;     // s at the full link, shared with the other operations in flight
   double cpu = 0;      // s of the background thread's work at full speed, before the latency part
+  // The link part is the background thread's CPU work too (TCP progressed inside its MPI calls,
+  // with the shared cores rather than the link setting the rate): it stalls while that thread
+  // does some operation's CPU part.
+  bool on_thread = false;
   double total() const { return cpu + latency + link; }
 };
 
@@ -109,7 +126,10 @@ class SimNetwork : public TimeSource {
     double latency;      // s, its latency part
     double latency_end;  // absolute, once the CPU part is done
     double link_left;    // s at the full link
+    bool on_thread;      // the link part stops while the background thread does a CPU part
   };
+  // Whether op is in its link part and moving now (thread_busy: some CPU part is running).
+  bool Moving(const Op& op, bool thread_busy) const;
   // The next time something changes (a CPU part or a latency part ends, or a link part completes).
   double NextChange(int* sharing) const;
   // The operation whose CPU part runs now (the first started of those in one); end() if none.

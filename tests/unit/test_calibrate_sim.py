@@ -126,6 +126,24 @@ def test_round_trip_through_the_simulator(binary):
     assert s["held_out"] == 6 and s["held_out_within_10pct"] == 6 and s["all_within_10pct"] == 12
 
 
+def test_one_codec_figure_for_the_machine_from_two_link_rates(binary):
+    # comm_bf16 alone at two link rates, made with one codec figure: the fit finds that figure for
+    # both rates (the codec is CPU work; the link rate does not change it).
+    alpha, codec = 20e-6, 1e-8
+    betas = {"1gbit": 8e-9, "10gbit": 8e-10}
+    rows = []
+    for rate, beta in betas.items():
+        for h in (2, 3):
+            rows.append({"hosts": h, "rate": rate, "config": "compute", "step_s": 0.06})
+            for config in ("comm", "comm_bf16"):
+                c = codec * calibrate_sim.ranks_per_core(h, 2) if config == "comm_bf16" else 0.0
+                t = calibrate_sim.predict(TABLE, 0, h, alpha, beta, calibrate_sim.POLICY_OF[config], codec=c)
+                rows.append({"hosts": h, "rate": rate, "config": config, "step_s": t})
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)
+    assert fits["1gbit"]["codec_s_per_byte"] == fits["10gbit"]["codec_s_per_byte"] == pytest.approx(codec, rel=0.1)
+    assert all(abs(r["error"]) < 0.05 for r in results)
+
+
 def test_rows_are_predicted_from_the_compute_of_their_own_runs(binary):
     # Runs made with 60 ms of compute, while the median of all compute-alone samples says 90 ms (the
     # machine was slower when those were taken): the rows carry their own compute and fit exactly.

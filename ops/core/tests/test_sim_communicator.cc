@@ -96,6 +96,35 @@ TEST(sim_other_collectives) {
   CHECK_NEAR(AllreduceCost(f, 1 << 20).cpu, 0.0);
 }
 
+TEST(sim_shared_cores_bound_the_senders) {
+  // 4 ranks emulated on 2 cores, each byte sent costs 0.6 ns of CPU: with 4 senders a byte takes
+  // 0.6 x 4 / 2 = 1.2 ns, more than the 1 ns link; with 2 senders the link (1 ns) binds.
+  SimFabric f = Fabric(4);
+  f.shared_cores = 2;
+  f.cpu_beta = 0.6e-9;
+  const double n = 1 << 20;
+  CHECK_NEAR(SendBeta(f, 4), 1.2e-9);
+  CHECK_NEAR(SendBeta(f, 2), f.beta);
+  CHECK_NEAR(SendBeta(f, 1), f.beta);
+  // Rabenseifner among 4: all 4 send; all-to-all and allgather: all 4 send.
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).link, 2.0 * 3 / 4 * n * 1.2e-9);
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).link, 3.0 / 4 * n * 1.2e-9);
+  CHECK_NEAR(AllgatherCost(f, 1 << 20).link, 3.0 / 4 * n * 1.2e-9);
+  CHECK_NEAR(ReduceScatterCost(f, 1 << 20).link, 3.0 / 4 * n * 1.2e-9);
+  // 3 ranks: Rabenseifner's main part among 2 senders and the fold's 1 are link-bound, while
+  // the all-to-all's 3 senders make 0.6 x 1.5 = 0.9 ns: the link (1 ns) still binds ...
+  f.ranks = 3;
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).link, 2.0 * 1 / 2 * n * f.beta + n * f.beta);
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).link, 2.0 / 3 * n * f.beta);
+  // ... and at 0.8 ns the CPU binds the all-to-all (1.2 ns) but not the allreduce's parts.
+  f.cpu_beta = 0.8e-9;
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).link, 2.0 / 3 * n * 1.2e-9);
+  CHECK_NEAR(AllreduceCost(f, 1 << 20).link, 2.0 * 1 / 2 * n * f.beta + n * f.beta);
+  // No shared cores: the link alone, whatever cpu_beta says.
+  f.shared_cores = 0;
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).link, 2.0 / 3 * n * f.beta);
+}
+
 TEST(sim_network_shares_the_link) {
   SimNetwork net(Fabric(8));
   SimCost c{1e-6, 1e-3};
@@ -152,6 +181,35 @@ TEST(sim_network_runs_cpu_parts_one_at_a_time) {
   uint64_t e = net.Start(d);
   while (!net.Done(e)) net.AdvanceTo(net.NextEvent());
   CHECK_NEAR(net.now() - t0, 2e-3);
+}
+
+TEST(sim_network_thread_driven_transfers_wait_for_cpu_parts) {
+  SimNetwork net(Fabric(8));
+  // Two 1 ms transfers, one driven by the background thread (CPU-bound TCP), one not, share the
+  // link; at 0.5 ms an operation with 0.4 ms of CPU work starts. While it runs, the driven
+  // transfer stops and the other has the link to itself.
+  SimCost driven{0, 1e-3};
+  driven.on_thread = true;
+  uint64_t a = net.Start(driven), b = net.Start(SimCost{0, 1e-3});
+  net.AdvanceTo(0.5e-3);  // each 0.25 ms done
+  SimCost codec;
+  codec.cpu = 0.4e-3;
+  uint64_t c = net.Start(codec);
+  CHECK(net.link_active());
+  net.AdvanceTo(0.9e-3);  // codec done; b had the link alone: 0.25 + 0.4 = 0.65 ms done
+  CHECK(net.Done(c) && !net.Done(a) && !net.Done(b));
+  // Now both share again: b has 0.35 ms left (done at 0.9 + 0.7 = 1.6 ms), a 0.75 ms.
+  while (!net.Done(b)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now(), 1.6e-3);
+  while (!net.Done(a)) net.AdvanceTo(net.NextEvent());
+  CHECK_NEAR(net.now(), 1.6e-3 + 0.4e-3);
+  // The cost functions mark a transfer as driven when the shared cores, not the link, bind.
+  SimFabric f = Fabric(4);
+  f.shared_cores = 2;
+  f.cpu_beta = 0.6e-9;
+  CHECK(AlltoallCost(f, 1 << 20).on_thread && AllreduceCost(f, 1 << 20).on_thread);
+  f.cpu_beta = 0.4e-9;
+  CHECK(!AlltoallCost(f, 1 << 20).on_thread && !AllreduceCost(f, 1 << 20).on_thread);
 }
 
 TEST(sim_communicator_completes_on_virtual_time) {
