@@ -31,6 +31,7 @@ SimCost FlatAllreduce(const SimFabric& f, const std::string& algorithm, int q, d
   if (algorithm == "ring") {
     c.latency = 2.0 * (q - 1) * alpha + double(q - 1) / q * n * gamma;
     c.link = 2.0 * (q - 1) / q * n * SendBeta(f, q);
+    c.on_thread = SendBeta(f, q) > f.beta;
     return c;
   }
   const int lg = Log2Floor(q);
@@ -138,6 +139,7 @@ SimCost BroadcastCost(const SimFabric& f, int64_t bytes) {
     c.latency = (Log2Ceil(p) + p - 1) * f.alpha;
     c.link = 2.0 * (p - 1) / p * bytes * SendBeta(f, p);
   }
+  c.on_thread = SendBeta(f, p) > f.beta;
   return c;
 }
 
@@ -147,6 +149,7 @@ SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes) {
   if (p <= 1) return c;
   c.latency = (p - 1) * f.alpha + double(p - 1) / p * total_bytes * f.gamma;
   c.link = double(p - 1) / p * total_bytes * SendBeta(f, p);
+  c.on_thread = SendBeta(f, p) > f.beta;
   return c;
 }
 

@@ -208,8 +208,13 @@ TEST(sim_network_thread_driven_transfers_wait_for_cpu_parts) {
   f.shared_cores = 2;
   f.cpu_beta = 0.6e-9;
   CHECK(AlltoallCost(f, 1 << 20).on_thread && AllreduceCost(f, 1 << 20).on_thread);
+  CHECK(AllgatherCost(f, 1 << 20).on_thread && BroadcastCost(f, 1 << 20).on_thread);
+  CHECK(ReduceScatterCost(f, 1 << 20).on_thread);
+  f.allreduce = "ring";
+  CHECK(AllreduceCost(f, 1 << 20).on_thread);
   f.cpu_beta = 0.4e-9;
   CHECK(!AlltoallCost(f, 1 << 20).on_thread && !AllreduceCost(f, 1 << 20).on_thread);
+  CHECK(!AllgatherCost(f, 1 << 20).on_thread && !BroadcastCost(f, 1 << 20).on_thread);
 }
 
 TEST(sim_communicator_completes_on_virtual_time) {
