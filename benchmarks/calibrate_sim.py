@@ -18,9 +18,10 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    2, 3, 4 hosts takes 1 : 1.9 : 3.0, where the link alone says 1 : 2 : 1.5). The simulator is
    then given the link's beta and the CPU's (SimFabric cpu_beta, shared_cores) and charges each
    phase of a collective by the ranks that send in it: pof2 in the allreduce's main part, every
-   rank in the bf16 path's all-to-all and allgather. Then the codec cost (CPU s per byte of the
-   bf16 path) so that `comm_bf16` matches; then how much computing and communicating slow each
-   other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
+   rank in the bf16 path's all-to-all and allgather; where the CPU binds, the transfer stops while
+   the background thread runs the codec (it moves the bytes itself). Then the codec cost (CPU s per
+   byte of the bf16 path, one figure for the machine: least squares over every comm_bf16 run);
+   then how much computing and communicating slow each other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
    link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
    the cores) so that the simulated `overlap` steps match; k is scaled by the ranks per core,
    max(1, hosts / cores), as each rank's compute competes with that many ranks' TCP work
