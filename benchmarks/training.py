@@ -20,12 +20,15 @@ Configurations (`--configs`, default all), each a separate job:
   overlap       the defaults: priority + cross-iteration overlap
   overlap_bf16  the defaults with DistributedOptimizer(compression=hvd.Compression.bf16)
   horovod       Horovod 0.28.1 (--horovod-python; TF 2.15, tf.keras), same model and loop
+  horovod_compute  compute alone in Horovod's venv (TF 2.15, tf.keras, plain optimizer): the
+                compute limit of the horovod job, whose TensorFlow and Keras are not ours
   compute       compute alone: the same training with a plain optimizer (no reduction)
   comm          communication alone: the model's gradients (shapes, priorities, dtype) reduced
                 by mlsl_tf each step with no compute; comm_bf16 the same in bf16
 Efficiency of a configuration = max(compute step, comm step) / its step (comm_bf16 for
-overlap_bf16). JSON lines: one per job, then one per (model, link, config) with the median over
-runs, then a summary per (model, link). --plot draws the medians as bars; --timeline-png draws
+overlap_bf16; horovod_compute's step for horovod when it was measured). JSON lines: one per
+job, then one per (model, link, config) with the median over runs, then a summary per (model,
+link). --plot draws the medians as bars; --timeline-png draws
 rank 0's timeline of two consecutive steps of the first overlap job (ResNet-50 at the first
 link): each gradient's start (backward produced it), its chunks on the wire, and its take (the
 next forward pass reached its layer).
@@ -45,7 +48,8 @@ ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 
 MODELS = ("resnet50", "vgg16", "transformer")
-CONFIGS = ("compute", "comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16", "horovod")
+CONFIGS = ("compute", "comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16", "horovod", "horovod_compute")
+HOROVOD_CONFIGS = ("horovod", "horovod_compute")  # jobs run by Horovod's venv
 CONFIG_ENV = {
     "fifo": {"MLSL_TF_PRIORITY": "fifo", "MLSL_TF_CROSS_ITERATION": "0"},
     "priority": {"MLSL_TF_CROSS_ITERATION": "0"},
@@ -138,15 +142,16 @@ def worker(ns):
     keras.utils.set_random_seed(1234)
     model, x, y, loss = build_model(ns.model, keras, batch, seed=hvd.rank())
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
+    plain = ns.config in ("compute", "horovod_compute")  # compute alone: no reduction
     if ns.config in ("comm", "comm_bf16"):
         result = comm_only(ns, hvd, tf, model, batch, warmup, steps)
     else:
         opt = sgd(0.01, momentum=0.9)
-        if ns.config != "compute":
+        if not plain:
             compression = hvd.Compression.bf16 if ns.config == "overlap_bf16" else hvd.Compression.none
             opt = hvd.DistributedOptimizer(opt, compression=compression)
         model.compile(optimizer=opt, loss=loss)
-        callbacks = [] if ns.config == "compute" else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
+        callbacks = [] if plain else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
         model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0, callbacks=callbacks)
         ends = []
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
@@ -226,7 +231,7 @@ def clean_env(extra):
 def job_argv(ns, model, config, enter, timeline=None):
     """(argv, env) of one job."""
     worker_args = ["--worker", "--model", model, "--config", config] + (["--steps", str(ns.steps)] if ns.steps else [])
-    if config == "horovod":
+    if config in HOROVOD_CONFIGS:
         python = ns.horovod_python
         mpiexec = os.path.join(os.path.dirname(python), "mpiexec")
         argv = [mpiexec, "-n", str(ns.np)] + enter + [python, os.path.abspath(__file__)] + worker_args + \
@@ -267,11 +272,11 @@ def links_context(link, np_):
 def orchestrate(ns):
     import signal
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # unwinds the with blocks: namespaces deleted
-    configs = [c for c in ns.configs if c != "horovod" or ns.horovod_python]
-    skipped_horovod = "horovod" in ns.configs and not ns.horovod_python
-    if skipped_horovod:
-        print(json.dumps({"config": "horovod", "skipped": True,
-                          "reason": "no --horovod-python given (a venv with Horovod 0.28.1, DESIGN.md)"}), flush=True)
+    configs = [c for c in ns.configs if c not in HOROVOD_CONFIGS or ns.horovod_python]
+    for c in ns.configs:
+        if c in HOROVOD_CONFIGS and not ns.horovod_python:
+            print(json.dumps({"config": c, "skipped": True,
+                              "reason": "no --horovod-python given (a venv with Horovod 0.28.1, DESIGN.md)"}), flush=True)
     results = {}  # (model, link, config) -> [rows]
     timeline_path = None
     if ns.timeline_png:
@@ -287,7 +292,7 @@ def orchestrate(ns):
                         if timeline_path and run == 0 and model == ns.models[0] and link == ns.links[0] \
                                 and config == "overlap":
                             tl = timeline_path
-                        argv, env = job_argv(ns, model, config, enter if config != "horovod" or not h
+                        argv, env = job_argv(ns, model, config, enter if config not in HOROVOD_CONFIGS or not h
                                              else h.enter(ns.horovod_python), tl)
                         if h:
                             env.update(h.env({}))
@@ -317,13 +322,15 @@ def summarize(results, ns):
     summaries = []
     for (model, link, config), row in sorted(medians.items()):
         limit = medians.get((model, link, LIMIT_OF.get(config, "")))
-        compute = medians.get((model, link, "compute"))
+        # Horovod's compute limit is its own venv's (another TensorFlow and Keras) when measured
+        compute = medians.get((model, link, "horovod_compute")) if config == "horovod" else None
+        compute = compute or medians.get((model, link, "compute"))
         if "step_s" in row and limit and compute and "step_s" in limit and "step_s" in compute:
             bound = max(limit["step_s"], compute["step_s"])
             row["limit_step_s"] = bound
             row["efficiency"] = bound / row["step_s"]
         hvd = medians.get((model, link, "horovod"))
-        if "samples_per_s" in row and hvd and "samples_per_s" in hvd and config != "horovod":
+        if "samples_per_s" in row and hvd and "samples_per_s" in hvd and config not in HOROVOD_CONFIGS:
             row["over_horovod"] = row["samples_per_s"] / hvd["samples_per_s"]
         print(json.dumps({"median": row}), flush=True)
         summaries.append(row)
@@ -341,7 +348,8 @@ def plot(summaries, path):
         rows = {r["config"]: r for r in summaries if r["model"] == model and r["link"] == link}
         names = [c for c in order if c in rows and "samples_per_s" in rows[c] and not c.startswith("comm")]
         values = [rows[c]["samples_per_s"] for c in names]
-        colours = ["#999999" if c == "compute" else "#d62728" if c == "horovod" else "#2a6fdb" for c in names]
+        colours = ["#999999" if c == "compute" else "#e8a0a0" if c == "horovod_compute" else "#d62728" if c == "horovod"
+                   else "#2a6fdb" for c in names]
         ax.bar(range(len(names)), values, color=colours)
         for i, c in enumerate(names):
             eff = rows[c].get("efficiency")
@@ -406,7 +414,7 @@ def markdown(paths):
                 continue
             cell = f"{r['samples_per_s']:.1f}"
             extra = [f"{r['efficiency']:.0%}"] if "efficiency" in r else []
-            if "over_horovod" in r and c not in ("compute", "comm", "comm_bf16"):
+            if "over_horovod" in r and c not in ("compute", "comm", "comm_bf16", "horovod_compute"):
                 extra.append(f"{r['over_horovod']:.2f}x hvd")
             cells.append(cell + (f" ({', '.join(extra)})" if extra else ""))
         out.append(f"| {model}, {link} | " + " | ".join(cells) + " |")

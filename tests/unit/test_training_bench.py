@@ -32,6 +32,22 @@ def test_horovod_runs_under_its_own_mpiexec():
     argv, env = training.job_argv(_ns(steps=7), "vgg16", "horovod", [])
     assert argv[:3] == ["/hvd/bin/mpiexec", "-n", "2"] and argv[3] == "/hvd/bin/python"
     assert argv[-2:] == ["--impl", "horovod"] and "--steps" in argv and "7" in argv
+    argv, _ = training.job_argv(_ns(), "resnet50", "horovod_compute", [])
+    assert argv[:3] == ["/hvd/bin/mpiexec", "-n", "2"] and argv[-4:] == ["--config", "horovod_compute", "--impl",
+                                                                        "horovod"]
+
+
+def test_horovod_efficiency_against_its_own_compute_when_measured(capsys):
+    rows = {("resnet50", "10gbit", c): [{"step_s": s, "samples_per_s": 32 / s}]
+            for c, s in [("compute", 0.6), ("comm", 0.2), ("overlap", 0.75), ("horovod", 0.7),
+                         ("horovod_compute", 0.5)]}
+    out = {r["config"]: r for r in training.summarize(rows, _ns())}
+    assert abs(out["horovod"]["efficiency"] - 0.5 / 0.7) < 1e-9  # its own venv's compute step
+    assert abs(out["overlap"]["efficiency"] - 0.6 / 0.75) < 1e-9
+    assert "over_horovod" not in out["horovod_compute"] and "efficiency" not in out["horovod_compute"]
+    del rows[("resnet50", "10gbit", "horovod_compute")]
+    out = {r["config"]: r for r in training.summarize(rows, _ns())}
+    assert abs(out["horovod"]["efficiency"] - 0.6 / 0.7) < 1e-9  # ours when Horovod's was not measured
 
 
 def test_efficiency_and_horovod_ratio(capsys):
