@@ -29,9 +29,10 @@ SimCost FlatAllreduce(const SimFabric& f, const std::string& algorithm, int q, d
   SimCost c;
   if (q <= 1) return c;
   if (algorithm == "ring") {
+    const double beta = SendBeta(f, q);
     c.latency = 2.0 * (q - 1) * alpha + double(q - 1) / q * n * gamma;
-    c.link = 2.0 * (q - 1) / q * n * SendBeta(f, q);
-    c.on_thread = SendBeta(f, q) > f.beta;
+    c.link = 2.0 * (q - 1) / q * n * beta;
+    c.on_thread = beta > f.beta;
     return c;
   }
   const int lg = Log2Floor(q);
@@ -111,8 +112,9 @@ SimCost AllgatherCost(const SimFabric& f, int64_t total_bytes) {
   if (p <= 1) return c;
   c.latency = (total_bytes < kShortAllgather ? Log2Ceil(p) : p - 1) * f.alpha;
   c.cpu = total_bytes * f.codec;
-  c.link = double(p - 1) / p * total_bytes * SendBeta(f, p);
-  c.on_thread = SendBeta(f, p) > f.beta;
+  const double beta = SendBeta(f, p);
+  c.link = double(p - 1) / p * total_bytes * beta;
+  c.on_thread = beta > f.beta;
   return c;
 }
 
@@ -123,8 +125,9 @@ SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes) {
   if (p <= 1) return c;
   c.latency = (p - 1) * f.alpha;
   c.cpu = sent_bytes * f.codec;
-  c.link = double(p - r) / p * sent_bytes * r * SendBeta(f, p);
-  c.on_thread = SendBeta(f, p) > f.beta;
+  const double beta = SendBeta(f, p);
+  c.link = double(p - r) / p * sent_bytes * r * beta;
+  c.on_thread = beta > f.beta;
   return c;
 }
 
@@ -132,14 +135,15 @@ SimCost BroadcastCost(const SimFabric& f, int64_t bytes) {
   const int p = f.ranks;
   SimCost c;
   if (p <= 1) return c;
+  const double beta = SendBeta(f, p);
   if (bytes < kShortBroadcast) {
     c.latency = Log2Ceil(p) * f.alpha;
-    c.link = Log2Ceil(p) * bytes * SendBeta(f, p);
+    c.link = Log2Ceil(p) * bytes * beta;
   } else {
     c.latency = (Log2Ceil(p) + p - 1) * f.alpha;
-    c.link = 2.0 * (p - 1) / p * bytes * SendBeta(f, p);
+    c.link = 2.0 * (p - 1) / p * bytes * beta;
   }
-  c.on_thread = SendBeta(f, p) > f.beta;
+  c.on_thread = beta > f.beta;
   return c;
 }
 
@@ -148,8 +152,9 @@ SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes) {
   SimCost c;
   if (p <= 1) return c;
   c.latency = (p - 1) * f.alpha + double(p - 1) / p * total_bytes * f.gamma;
-  c.link = double(p - 1) / p * total_bytes * SendBeta(f, p);
-  c.on_thread = SendBeta(f, p) > f.beta;
+  const double beta = SendBeta(f, p);
+  c.link = double(p - 1) / p * total_bytes * beta;
+  c.on_thread = beta > f.beta;
   return c;
 }
 
