@@ -28,9 +28,10 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    (fitted per host count, k at 10 Gbit/s was 0.85, 1.57, 1.87 on 2, 3, 4 hosts: 0.85, 1.05,
    0.94 per rank per core). Several --measured files (passes of the same jobs) are fitted on
    as the median of their samples per (hosts, rate, config). Per-layer compute = the measured `compute` step
-   split by the table's FLOPs (backward = 2 x forward); a row is predicted from the compute-alone
-   time measured in the same file(s) as its samples where there is one (the machine's speed drifts
-   between passes), else from the median of all compute samples.
+   split by the table's FLOPs (backward = 2 x forward); each sample of a row is predicted from the
+   compute-alone time measured in the same file as it where there is one (the machine's speed
+   drifts between passes), else from the median of all compute samples, and the row's prediction
+   is the median of its samples' (as its measured step is the median of theirs).
 3. Validate: every (hosts, rate, config) measured, predicted with the fitted figures; JSON lines
    {hosts, rate, config, measured_s, predicted_s, error, fitted_on} and a summary line. Rows
    that were fitted on (comm, comm_bf16, overlap of the fit hosts) are marked; the summary counts
@@ -60,6 +61,7 @@ ALPHA = 20e-6  # s per message over the emulated TCP links; 100 MB steps barely 
 # by default, while both run they split those cores evenly (compute and codec each 1 + 1 times
 # slower), so the codec's CPU seconds come out of compute's. Not fitted (--codec-sharing).
 CODEC_SHARING = 1.0
+THREAD_PROGRESS = False
 
 
 def pof2(n):
@@ -152,7 +154,9 @@ def read_measured(path):
 
 def aggregate(rows):
     """One row per (hosts, rate, config, model): the median step of its samples, how many there were,
-    and the median of the compute times paired with them (compute_s, where any was)."""
+    the median of the compute times paired with them (compute_s, where any was) and, where any was,
+    each sample's own (computes_s, None for a sample without one), so that each can be predicted
+    from the speed the machine had when it was taken."""
     groups = {}
     for r in rows:
         groups.setdefault((r["hosts"], r["rate"], r["config"], r.get("model", "resnet50")), []).append(r)
@@ -163,6 +167,7 @@ def aggregate(rows):
         paired = [r["compute_s"] for r in rs if r.get("compute_s")]
         if paired:
             row["compute_s"] = statistics.median(paired)
+            row["computes_s"] = [r.get("compute_s") for r in rs]
         out.append(row)
     return out
 
@@ -182,15 +187,18 @@ def measure(ns):
 
 
 def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0, cpu="both",
-            codec_sharing=CODEC_SHARING, cpu_beta=0.0, cores=0):
+            codec_sharing=CODEC_SHARING, cpu_beta=0.0, cores=0, thread_progress=False):
     """Simulated step time of `policy` on `hosts` ranks; compute_s = 0 for communication alone.
-    cpu_beta, cores: the emulated hosts' TCP work on the machine's shared cores (0: not modelled)."""
+    cpu_beta, cores: the emulated hosts' TCP work on the machine's shared cores (0: not modelled);
+    thread_progress: every transfer moves only while the background thread is free (SimFabric)."""
     layers = simulate.timed_layers(table, compute_s) if compute_s > 0 else \
         [(n, 0.0, 0.0, g) for n, _, _, g in simulate.timed_layers(table, 1.0)]
     overrides = {"interference": interference, "contention": interference} if cpu == "both" else {cpu: interference}
     overrides.update(codec_interference=codec_sharing, codec_contention=codec_sharing)
     if cpu_beta > 0 and cores > 0:
         overrides.update(cpu_beta=float(cpu_beta), shared_cores=int(cores))
+    if thread_progress:
+        overrides.update(thread_progress=1)
     text = simulate.config_text(layers, hosts, 1.0 / beta, alpha, policy, steps=5, warmup=1,
                                 overrides=overrides, codec=codec)
     return simulate.run_config(text, binary)["step_s"]
@@ -223,15 +231,19 @@ def fit_least_squares(loss, high=4.0, iterations=40):
     return 0.0 if loss(0.0) <= loss(x) else x
 
 
-def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=ALPHA, codec_sharing=CODEC_SHARING):
+def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=ALPHA, codec_sharing=CODEC_SHARING,
+             thread_progress=THREAD_PROGRESS):
     """Fits on fit_hosts, predicts every row; returns (fits per rate, result rows). cores: of the
     machine the emulated hosts shared when measured (default: this one's)."""
     cores = cores or os.cpu_count()
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
     samples = {(r["hosts"], r["rate"], r["config"]): r.get("samples", 1) for r in rows}
-    # compute alone of the runs a row was measured with (read_measured), else the median of all
-    paired = {(r["hosts"], r["rate"], r["config"]): r["compute_s"] for r in rows if r.get("compute_s")}
-    compute_of = lambda h, rate, config: paired.get((h, rate, config), by.get((h, rate, "compute")))  # noqa: E731
+    # compute alone of the runs each sample of a row was measured with (read_measured), else the
+    # median of all compute samples; a row's prediction is the median of its samples' predictions
+    paired = {(r["hosts"], r["rate"], r["config"]): r.get("computes_s") or [r["compute_s"]]
+              for r in rows if r.get("compute_s")}
+    computes_of = lambda h, rate, config: [c or by.get((h, rate, "compute"))  # noqa: E731
+                                           for c in paired.get((h, rate, config), [None])]
     rates = sorted({r["rate"] for r in rows})
     measured_betas = {}
     for rate in rates:
@@ -244,11 +256,21 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
         return {}, []
     links, cpu_beta = fit_link_and_cpu(measured_betas, cores)
 
+    cache = {}
+
     def simulated(rate, h, compute, policy, **kw):
         # the link's beta and the machine's CPU beta go to the simulator, which charges each phase
-        # of a collective the slower of the link and the cores shared by the ranks sending in it
-        return predict(table, compute, h, alpha, links[rate], policy, binary=binary, cpu_beta=cpu_beta, cores=cores,
-                       **kw)
+        # of a collective the slower of the link and the cores shared by the ranks sending in it.
+        # compute: one figure or the list of a row's samples' (-> the median of their predictions)
+        computes = compute if isinstance(compute, list) else [compute]
+        got = []
+        for c in computes:
+            key = (rate, h, c, policy, tuple(sorted(kw.items())))
+            if key not in cache:
+                cache[key] = predict(table, c, h, alpha, links[rate], policy, binary=binary, cpu_beta=cpu_beta,
+                                     cores=cores, thread_progress=thread_progress, **kw)
+            got.append(cache[key])
+        return statistics.median(got)
 
     # The codec is CPU work, the same per byte at any link rate: one figure for the machine, fitted
     # on every comm_bf16 run (least squares of the relative error). The emulated hosts' background
@@ -263,7 +285,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
         if rate not in links:
             continue
         sim = functools.partial(simulated, rate)
-        runs = [(h, compute_of(h, rate, "overlap"), by[(h, rate, "overlap")]) for h in fit_hosts
+        runs = [(h, computes_of(h, rate, "overlap"), by[(h, rate, "overlap")]) for h in fit_hosts
                 if (h, rate, "overlap") in by and (h, rate, "compute") in by]
         kappa = fit_least_squares(lambda k: sum((sim(h, c, "overlap", interference=k * ranks_per_core(h, cores),
                                                      cpu=cpu) / t - 1) ** 2 for h, c, t in runs)) if runs else 0.0
@@ -272,18 +294,20 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                       "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
                       "measured_betas": {str(h): b for h, b in measured_betas[rate]},
                       "codec_s_per_byte": codec, "codec_sharing": codec_sharing, "cpu_model": cpu, "cpu_factor": kappa,
+                      "thread_progress": bool(thread_progress),
                       "fitted_on_hosts": list(fit_hosts)}
         for (h, r8, config), measured in sorted(by.items()):
             if r8 != rate or config not in POLICY_OF or (config not in ("comm", "comm_bf16")
                                                          and (h, rate, "compute") not in by):
                 continue
-            compute = 0.0 if config.startswith("comm") else compute_of(h, rate, config)
-            predicted = sim(h, compute, POLICY_OF[config], interference=0.0 if compute == 0 else kappa_of(h),
+            compute = [0.0] if config.startswith("comm") else computes_of(h, rate, config)
+            predicted = sim(h, compute, POLICY_OF[config], interference=0.0 if compute == [0.0] else kappa_of(h),
                             codec=codec_of(h), cpu=cpu, codec_sharing=codec_sharing)
             fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
                         "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted,
-                        "samples": samples[(h, rate, config)], "compute_s": compute})
+                        "samples": samples[(h, rate, config)], "compute_s": statistics.median(compute),
+                        **({"computes_s": compute} if len(compute) > 1 else {})})
     return fits, out
 
 
@@ -317,6 +341,9 @@ def main(argv=None):
     p.add_argument("--codec-sharing", type=float, default=CODEC_SHARING,
                    help="compute and the bf16 codec each run 1 + this times slower while both run (not fitted; "
                         "1: they split the cores evenly, 0: the codec has a core of its own)")
+    p.add_argument("--thread-progress", type=int, choices=[0, 1], default=int(THREAD_PROGRESS),
+                   help="1: every transfer moves only while the background thread is out of the codec (MPICH over "
+                        "TCP progresses inside the thread's MPI calls); 0: only the CPU-bound ones")
     p.add_argument("--out", help="append measurements, fits and results to this file")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=int, default=7200, help="seconds per (hosts, rate) job")
@@ -329,7 +356,7 @@ def main(argv=None):
     emit = []
     emit += [{"measured": r} for r in rows if not ns.measured]
     fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu, cores=ns.cores, alpha=ns.alpha,
-                             codec_sharing=ns.codec_sharing)
+                             codec_sharing=ns.codec_sharing, thread_progress=bool(ns.thread_progress))
     emit += [{"fit": f} for f in fits.values()] + results + [summary(results)]
     for obj in emit:
         line = json.dumps(obj)

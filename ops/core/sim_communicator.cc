@@ -32,13 +32,13 @@ SimCost FlatAllreduce(const SimFabric& f, const std::string& algorithm, int q, d
     const double beta = SendBeta(f, q);
     c.latency = 2.0 * (q - 1) * alpha + double(q - 1) / q * n * gamma;
     c.link = 2.0 * (q - 1) / q * n * beta;
-    c.on_thread = beta > f.beta;
+    c.on_thread = OnThread(f, beta);
     return c;
   }
   const int lg = Log2Floor(q);
   const int pof2 = 1 << lg;
   const double beta = SendBeta(f, pof2);
-  c.on_thread = beta > f.beta;
+  c.on_thread = OnThread(f, beta);
   if (algorithm == "rd") {
     c.latency = lg * (alpha + n * gamma);
     c.link = lg * n * beta;
@@ -86,6 +86,8 @@ double SendBeta(const SimFabric& f, int senders) {
   return std::max(f.beta, f.cpu_beta * std::max(1.0, double(senders) / f.shared_cores));
 }
 
+bool OnThread(const SimFabric& f, double beta) { return f.thread_progress || beta > f.beta; }
+
 std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
   if (f.allreduce != "auto") return f.allreduce;
   // MPICH also falls back to recursive doubling when there are fewer elements than ranks.
@@ -114,7 +116,7 @@ SimCost AllgatherCost(const SimFabric& f, int64_t total_bytes) {
   c.cpu = total_bytes * f.codec;
   const double beta = SendBeta(f, p);
   c.link = double(p - 1) / p * total_bytes * beta;
-  c.on_thread = beta > f.beta;
+  c.on_thread = OnThread(f, beta);
   return c;
 }
 
@@ -127,7 +129,7 @@ SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes) {
   c.cpu = sent_bytes * f.codec;
   const double beta = SendBeta(f, p);
   c.link = double(p - r) / p * sent_bytes * r * beta;
-  c.on_thread = beta > f.beta;
+  c.on_thread = OnThread(f, beta);
   return c;
 }
 
@@ -143,7 +145,7 @@ SimCost BroadcastCost(const SimFabric& f, int64_t bytes) {
     c.latency = (Log2Ceil(p) + p - 1) * f.alpha;
     c.link = 2.0 * (p - 1) / p * bytes * beta;
   }
-  c.on_thread = beta > f.beta;
+  c.on_thread = OnThread(f, beta);
   return c;
 }
 
@@ -154,7 +156,7 @@ SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes) {
   c.latency = (p - 1) * f.alpha + double(p - 1) / p * total_bytes * f.gamma;
   const double beta = SendBeta(f, p);
   c.link = double(p - 1) / p * total_bytes * beta;
-  c.on_thread = beta > f.beta;
+  c.on_thread = OnThread(f, beta);
   return c;
 }
 

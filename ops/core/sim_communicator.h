@@ -26,7 +26,8 @@
 //   benchmarks/hosts.py): sending a byte also costs cpu_beta of the machine's CPU, so a phase in
 //   which s ranks send at once moves bytes at max(beta, cpu_beta max(1, s / c)) per byte
 //   (s: pof2 for recursive doubling's and Rabenseifner's main part, p - pof2 for the fold,
-//   p for ring, all-to-all, allgather, broadcast and reduce-scatter).
+//   p for ring, all-to-all, allgather, broadcast and reduce-scatter). thread_progress: every
+//   transfer, not only the CPU-bound ones, is driven by the background thread (below).
 // Each cost has a CPU part (codec), a latency part (alpha and intra-host terms, gamma) and a
 // link part (beta terms, at the full link), played in that order. Sharing: operations in their
 // link part progress together, each at 1/k of the link when k are in that part (processor
@@ -66,10 +67,17 @@ struct SimFabric {
   // CPU s per byte one rank's TCP sending costs.
   int shared_cores = 0;
   double cpu_beta = 0;
+  // Every transfer is progressed by the background thread's MPI calls (MPICH over TCP: the
+  // rendezvous handshakes and refilling the sockets happen inside them), so it stalls while the
+  // thread does a CPU part, whatever binds its rate; false: only where the CPU binds (an RDMA NIC,
+  // or the kernel with full socket buffers, moves the bytes on its own).
+  bool thread_progress = false;
 };
 
 // s per byte when `senders` ranks send at once (beta, or the shared cores' rate when slower).
 double SendBeta(const SimFabric& f, int senders);
+// Whether a transfer at `beta` (SendBeta's) needs the background thread to move (SimCost::on_thread).
+bool OnThread(const SimFabric& f, double beta);
 
 struct SimCost {
   double latency = 0;  // s, not shared

@@ -66,7 +66,7 @@ def test_aggregate_takes_the_median_of_each_configuration():
     # the compute times paired with a configuration's samples (read_measured) give their median too
     got = calibrate_sim.aggregate([dict(row("fifo", 1.0), compute_s=0.5), dict(row("fifo", 3.0), compute_s=0.9),
                                    row("fifo", 1.2), dict(row("fifo", 1.1), compute_s=0.6)])
-    assert got == [dict(row("fifo", 1.15), samples=4, compute_s=0.6)]
+    assert got == [dict(row("fifo", 1.15), samples=4, compute_s=0.6, computes_s=[0.5, 0.9, None, 0.6])]
 
 
 def test_fit_log_monotone():
@@ -161,3 +161,28 @@ def test_rows_are_predicted_from_the_compute_of_their_own_runs(binary):
     assert fits["1gbit"]["cpu_factor"] == pytest.approx(kappa, rel=0.1)
     assert all(abs(r["error"]) < 0.02 for r in results)
     assert {r["compute_s"] for r in results if r["config"] != "comm"} == {0.06}
+
+
+def test_each_sample_is_predicted_from_the_compute_of_its_own_run(binary):
+    # One configuration measured in two passes, the machine 4x faster in the second: the row's
+    # prediction is the median of each sample's own (not the step at the median compute, which
+    # here would be well off: the step is link-bound in one pass and compute-bound in the other).
+    alpha, beta, kappa = 20e-6, 8e-9, 0.3
+    rows = []
+    for h in (2, 3):
+        for compute in (0.02, 0.08):  # two passes
+            rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": compute})
+            for config in ("comm", "fifo", "overlap"):
+                c = 0.0 if config == "comm" else compute
+                k = 0.0 if c == 0 else kappa * calibrate_sim.ranks_per_core(h, 2)
+                t = calibrate_sim.predict(TABLE, c, h, alpha, beta, calibrate_sim.POLICY_OF[config], k, cpu="both")
+                rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t,
+                             **({} if config == "comm" else {"compute_s": compute})})
+    rows = calibrate_sim.aggregate(rows)
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)
+    assert fits["1gbit"]["cpu_factor"] == pytest.approx(kappa, rel=0.1)
+    assert all(abs(r["error"]) < 0.02 for r in results)
+    fifo = [r for r in results if r["config"] == "fifo" and r["hosts"] == 2][0]
+    assert fifo["computes_s"] == [0.02, 0.08]
+    at_median = calibrate_sim.predict(TABLE, 0.05, 2, alpha, beta, "fifo", kappa, cpu="both")
+    assert abs(at_median / fifo["measured_s"] - 1) > 0.05  # the old pairing could not have fitted it

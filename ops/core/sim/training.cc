@@ -63,6 +63,7 @@ bool ParseConfig(std::istream& in, SimConfig* c, std::string* error, bool layers
     else if (key == "codec") ok = bool(ls >> f.codec);
     else if (key == "shared_cores") ok = bool(ls >> f.shared_cores) && f.shared_cores >= 0;
     else if (key == "cpu_beta") ok = bool(ls >> f.cpu_beta) && f.cpu_beta >= 0;
+    else if (key == "thread_progress") { ok = bool(ls >> flag); f.thread_progress = flag; }
     else if (key == "allreduce") ok = bool(ls >> f.allreduce) &&
              (f.allreduce == "auto" || f.allreduce == "rd" || f.allreduce == "rabenseifner" || f.allreduce == "ring");
     else if (key == "chunk_bytes") ok = bool(ls >> s.chunk_bytes) && s.chunk_bytes > 0;
@@ -273,7 +274,8 @@ std::string ResultJson(const SimConfig& c, const SimResult& r) {
      << ", \"ranks_per_host\": " << f.ranks_per_host << ", \"alpha_s\": " << Num(f.alpha)
      << ", \"link_gbit\": " << Num(8 / f.beta / 1e9) << ", \"allreduce\": \"" << f.allreduce
      << "\", \"codec\": " << Num(f.codec) << ", \"shared_cores\": " << f.shared_cores
-     << ", \"cpu_beta\": " << Num(f.cpu_beta) << ", \"fifo\": " << (c.scheduler.fifo ? "true" : "false")
+     << ", \"cpu_beta\": " << Num(f.cpu_beta) << ", \"thread_progress\": " << (f.thread_progress ? "true" : "false")
+     << ", \"fifo\": " << (c.scheduler.fifo ? "true" : "false")
      << ", \"cross_iteration\": " << (c.cross_iteration ? "true" : "false")
      << ", \"bf16\": " << (c.bf16 ? "true" : "false") << ", \"chunk_bytes\": " << c.scheduler.chunk_bytes
      << ", \"inflight\": " << c.scheduler.inflight << ", \"fusion_threshold\": " << c.scheduler.fusion_threshold

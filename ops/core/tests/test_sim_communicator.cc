@@ -215,6 +215,16 @@ TEST(sim_network_thread_driven_transfers_wait_for_cpu_parts) {
   f.cpu_beta = 0.4e-9;
   CHECK(!AlltoallCost(f, 1 << 20).on_thread && !AllreduceCost(f, 1 << 20).on_thread);
   CHECK(!AllgatherCost(f, 1 << 20).on_thread && !BroadcastCost(f, 1 << 20).on_thread);
+  // thread_progress: every transfer is the thread's (MPICH over TCP), link-bound or not; the
+  // costs themselves do not change.
+  const double link = AlltoallCost(f, 1 << 20).link;
+  f.thread_progress = true;
+  CHECK(AlltoallCost(f, 1 << 20).on_thread && AllreduceCost(f, 1 << 20).on_thread);
+  CHECK(AllgatherCost(f, 1 << 20).on_thread && BroadcastCost(f, 1 << 20).on_thread);
+  CHECK(ReduceScatterCost(f, 1 << 20).on_thread);
+  CHECK_NEAR(AlltoallCost(f, 1 << 20).link, link);
+  f.shared_cores = 0;  // hosts with CPUs of their own: still the thread's
+  CHECK(AllgatherCost(f, 1 << 20).on_thread);
 }
 
 TEST(sim_communicator_completes_on_virtual_time) {
