@@ -18,8 +18,8 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    2, 3, 4 hosts takes 1 : 1.9 : 3.0, where the link alone says 1 : 2 : 1.5). The simulator is
    then given the link's beta and the CPU's (SimFabric cpu_beta, shared_cores) and charges each
    phase of a collective by the ranks that send in it: pof2 in the allreduce's main part, every
-   rank in the bf16 path's all-to-all and allgather; where the CPU binds, the transfer stops while
-   the background thread runs the codec (it moves the bytes itself). Then the codec cost (CPU s per
+   rank in the bf16 path's all-to-all and allgather; a transfer stops while the background thread
+   runs the codec (MPICH over TCP moves the bytes inside that thread's MPI calls). Then the codec cost (CPU s per
    byte of the bf16 path, one figure for the machine: least squares over every comm_bf16 run);
    then how much computing and communicating slow each other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
    link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
@@ -61,7 +61,10 @@ ALPHA = 20e-6  # s per message over the emulated TCP links; 100 MB steps barely 
 # by default, while both run they split those cores evenly (compute and codec each 1 + 1 times
 # slower), so the codec's CPU seconds come out of compute's. Not fitted (--codec-sharing).
 CODEC_SHARING = 1.0
-THREAD_PROGRESS = False
+# MPICH over TCP moves a message only inside its owner's MPI calls (rendezvous handshakes, refilling
+# the sockets): every transfer, not only the CPU-bound ones, waits while the background thread runs
+# the codec (SimFabric thread_progress; --thread-progress 0: only where the CPU binds).
+THREAD_PROGRESS = True
 
 
 def pof2(n):
@@ -187,7 +190,7 @@ def measure(ns):
 
 
 def predict(table, compute_s, hosts, alpha, beta, policy, interference=0.0, binary=None, codec=0.0, cpu="both",
-            codec_sharing=CODEC_SHARING, cpu_beta=0.0, cores=0, thread_progress=False):
+            codec_sharing=CODEC_SHARING, cpu_beta=0.0, cores=0, thread_progress=THREAD_PROGRESS):
     """Simulated step time of `policy` on `hosts` ranks; compute_s = 0 for communication alone.
     cpu_beta, cores: the emulated hosts' TCP work on the machine's shared cores (0: not modelled);
     thread_progress: every transfer moves only while the background thread is free (SimFabric)."""

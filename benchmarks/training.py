@@ -171,10 +171,10 @@ def worker(ns):
             from mlsl_tf import _library
             result["deferred_at_end"] = _library.c_api().mlsl_tf_parked()
             # the runtime's counters per timed step: collectives, those that rode in the control
-            # message, chunks started, tensors packed into fused buffers
+            # message, chunks started, tensors packed into fused buffers, allreduces into their input
             after = counters()
             result["per_step"] = {k: (after[k] - counters_before[k]) / steps
-                                  for k in ("requests", "eager", "chunks", "fused_tensors")}
+                                  for k in ("requests", "eager", "chunks", "fused_tensors", "in_place")}
     step = max(hvd.allgather(tf.constant([result["step_s"]], tf.float64)).numpy())  # the slowest rank
     result.update(model=ns.model, config=ns.config, impl=ns.impl, ranks=hvd.size(), batch_per_rank=batch,
                   steps=steps, step_s=float(step), samples_per_s=batch * hvd.size() / float(step),

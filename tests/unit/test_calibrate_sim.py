@@ -137,9 +137,12 @@ def test_one_codec_figure_for_the_machine_from_two_link_rates(binary):
             rows.append({"hosts": h, "rate": rate, "config": "compute", "step_s": 0.06})
             for config in ("comm", "comm_bf16"):
                 c = codec * calibrate_sim.ranks_per_core(h, 2) if config == "comm_bf16" else 0.0
-                t = calibrate_sim.predict(TABLE, 0, h, alpha, beta, calibrate_sim.POLICY_OF[config], codec=c)
+                t = calibrate_sim.predict(TABLE, 0, h, alpha, beta, calibrate_sim.POLICY_OF[config], codec=c,
+                                          thread_progress=False)
                 rows.append({"hosts": h, "rate": rate, "config": config, "step_s": t})
-    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)
+    # (transfers that wait for the codec make this three-layer model's step jump by 8% when beta
+    # moves by 0.2%, as its few chunks reorder; ResNet-50's hundreds do not: checked without)
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2, thread_progress=False)
     assert fits["1gbit"]["codec_s_per_byte"] == fits["10gbit"]["codec_s_per_byte"] == pytest.approx(codec, rel=0.1)
     assert all(abs(r["error"]) < 0.05 for r in results)
 
