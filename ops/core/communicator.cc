@@ -5,8 +5,45 @@
 #include <thread>
 
 #include "eager.h"
+#include "reduce.h"
 
 namespace mlsl {
+
+namespace {
+
+class Scaled : public PendingOp {
+ public:
+  Scaled(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype, double scale)
+      : op_(std::move(op)), buf_(buf), count_(count), dtype_(dtype), scale_(scale) {}
+  Status Test(bool* done) override {
+    if (finished_) {
+      *done = true;
+      return Status::Ok();
+    }
+    Status s = op_->Test(done);
+    if (s.ok() && *done) {
+      ScaleInPlace(buf_, count_, dtype_, scale_);  // right after the data arrived: still in cache
+      finished_ = true;
+    }
+    return s;
+  }
+
+ private:
+  std::unique_ptr<PendingOp> op_;
+  void* buf_;
+  int64_t count_;
+  DataType dtype_;
+  double scale_;
+  bool finished_ = false;
+};
+
+}  // namespace
+
+std::unique_ptr<PendingOp> ScaledWhenDone(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype,
+                                          double scale) {
+  if (scale == 1.0) return op;
+  return std::make_unique<Scaled>(std::move(op), buf, count, dtype, scale);
+}
 
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
   using Clock = std::chrono::steady_clock;

@@ -35,9 +35,10 @@ class Communicator {
   // The most bytes one call may move per rank (MPI counts are int); callers cut larger ones.
   virtual int64_t max_message_bytes() const { return INT64_MAX; }
 
-  // buf (count elements) becomes the reduction over all ranks of send (in place when send is null).
+  // buf (count elements) becomes the reduction over all ranks of send (in place when send is null)
+  // times scale (ScaleInPlace's arithmetic, once per element, so every rank holds the same bits).
   virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                               const void* send = nullptr) = 0;
+                                               const void* send = nullptr, double scale = 1.0) = 0;
   // The runtime's control message, in place: words[0] = k | m << 32 is the same on every rank and
   // kept; words[1..k] are combined by bitwise AND, the next m words by MIN (m = 0: all the rest),
   // and the words after those are an eager region (eager.h). The message is combined whole:
@@ -64,6 +65,11 @@ class Communicator {
 // rank does not burn its core. `between_tests`, when given, runs after every unsuccessful
 // test and returns true while other work is in flight (then the wait only yields, never sleeps).
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests = nullptr);
+
+// For implementations: op, then buf (count elements) multiplied by scale once op is done (op
+// itself when scale is 1).
+std::unique_ptr<PendingOp> ScaledWhenDone(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype,
+                                          double scale);
 
 // The combining rule of Communicator::Control, for implementations: inout = inout (op) in.
 void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count);

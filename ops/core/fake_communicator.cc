@@ -150,11 +150,11 @@ std::unique_ptr<PendingOp> FakeCommunicator::Start(FakeWorld::Part part) {
 }
 
 std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                                       const void* send) {
+                                                       const void* send, double scale) {
   if (send && send != buf && count) std::memcpy(buf, send, count * DataTypeSize(dtype));
   FakeWorld::Part p;
   p.kind = kAllreduce; p.buf = buf; p.count = count; p.dtype = dtype; p.op = op;
-  return Start(std::move(p));
+  return ScaledWhenDone(Start(std::move(p)), buf, count, dtype, scale);
 }
 
 std::unique_ptr<PendingOp> FakeCommunicator::Control(uint64_t* words, int64_t count) {

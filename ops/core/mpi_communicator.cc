@@ -160,19 +160,21 @@ std::unique_ptr<PendingOp> TooLarge(const char* what) {
 // reduce-scatter, each rank receiving one segment and reducing it into the output, then p-1
 // steps of allgather straight into the output. Out of place it receives into the output
 // itself (no temporary at all); in place into one segment of pooled scratch. Every segment is
-// reduced on exactly one rank and then copied, so all ranks hold identical bits. Driven by Test.
+// reduced (and scaled) on exactly one rank and then copied, so all ranks hold identical bits;
+// scaling only the segment it owns costs each rank 1/p of a pass. Driven by Test.
 class RingAllreduce : public PendingOp {
  public:
   RingAllreduce(MPI_Comm comm, int rank, int size, int tag, void* buf, int64_t count, DataType dtype, ReduceOp op,
-                const void* send, std::shared_ptr<BufferPool> pool)
+                const void* send, std::shared_ptr<BufferPool> pool, double scale)
       : comm_(comm), rank_(rank), size_(size), tag_(tag), buf_(static_cast<char*>(buf)),
         send_(static_cast<const char*>(send && send != buf ? send : nullptr)), count_(count), dtype_(dtype), op_(op),
-        esize_(DataTypeSize(dtype)), pool_(std::move(pool)) {
+        esize_(DataTypeSize(dtype)), scale_(scale), pool_(std::move(pool)) {
     offsets_.resize(size_ + 1, 0);
     for (int i = 0; i < size_; ++i) offsets_[i + 1] = offsets_[i] + count_ / size_ + (i < count_ % size_ ? 1 : 0);
     if (!send_) scratch_ = pool_->Take(size_t(offsets_[1] - offsets_[0]) * esize_);
     if (size_ == 1) {
       if (send_ && count_) std::memcpy(buf_, send_, size_t(count_) * esize_);
+      if (scale_ != 1.0) ScaleInPlace(buf_, count_, dtype_, scale_);
       step_ = Steps();
     } else {
       Post();
@@ -206,6 +208,8 @@ class RingAllreduce : public PendingOp {
         } else {
           ReduceInto(out, scratch_.data(), Count(seg), dtype_, op_);
         }
+        // the last fold leaves this rank's own segment complete: scale it while it is in cache
+        if (step_ == size_ - 2 && scale_ != 1.0) ScaleInPlace(out, Count(seg), dtype_, scale_);
       }
       if (++step_ < Steps()) {
         Post();
@@ -251,6 +255,7 @@ class RingAllreduce : public PendingOp {
   const DataType dtype_;
   const ReduceOp op_;
   const size_t esize_;
+  const double scale_;
   std::shared_ptr<BufferPool> pool_;  // shared: an operation may outlive its communicator
   std::vector<char> scratch_;
   std::vector<int64_t> offsets_;
@@ -368,16 +373,17 @@ class MpiCommunicator : public Communicator {
   Topology topology() const override { return topo_; }
   int64_t max_message_bytes() const override { return int64_t(1) << 30; }
 
-  std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                       const void* send) override {
+  std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, const void* send,
+                                       double scale) override {
     if (!FitsInt(count)) return TooLarge("allreduce");
     const int64_t bytes = count * int64_t(DataTypeSize(dtype));
     if (topo_.cross_size == 1 && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
-      return std::make_unique<RingAllreduce>(comm_, rank_, size_, NextTag(), buf, count, dtype, op, send, pool_);
+      return std::make_unique<RingAllreduce>(comm_, rank_, size_, NextTag(), buf, count, dtype, op, send, pool_,
+                                             scale);
     }
     auto p = std::make_unique<MpiPending>();
     int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op, topo_.cross_size > 1), comm_, p->request());
-    return Checked(std::move(p), rc, "MPI_Iallreduce");
+    return ScaledWhenDone(Checked(std::move(p), rc, "MPI_Iallreduce"), buf, count, dtype, scale);
   }
   std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override {
     auto p = std::make_unique<MpiPending>();

@@ -199,8 +199,10 @@ void Scheduler::StartChunk(Work* w) {
                     : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
+    // The average's division and the postscale too: the communicator applies them as each chunk
+    // completes (the one-host ring to the segment each rank reduced), so Finalize does not.
     unit->op = slot ? slot->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op,
-                                      w->src ? w->src + w->next * esize : nullptr)
+                                      w->src ? w->src + w->next * esize : nullptr, PostFactor(*w))
                     : nullptr;
   }
   w->next += n;
@@ -320,7 +322,7 @@ double Scheduler::PostFactor(const Work& w) const {
 
 void Scheduler::Finalize(Work* w) {
   const size_t esize = DataTypeSize(w->meta.dtype);
-  const double post = w->meta.compressed() ? 1.0 : PostFactor(*w);  // a compressed chunk scaled its own result
+  const double post = w->chunked ? 1.0 : PostFactor(*w);  // an allreduce's chunks scaled their own results
   for (Part& p : w->parts) {
     if (!p.request) continue;
     if (w->status.ok()) {

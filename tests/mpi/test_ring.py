@@ -96,6 +96,32 @@ def test_average_and_grouped_fusion_take_the_ring():
     np.testing.assert_allclose(gb.numpy(), np.full(3, float(N - 1)))
 
 
+@pytest.mark.parametrize("n", [N + 1, (3 << 20) // 4 + 7])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64], ids=lambda d: d.name)
+@pytest.mark.parametrize("in_place", [False, True], ids=["out_of_place", "in_place"])
+def test_average_and_postscale_are_applied_once_by_each_segments_owner(n, dtype, in_place):
+    # Each rank scales only the segment it reduced, before the allgather: the result must be the
+    # sum times the factor rounded once (sum as float64, times the factor, back to dtype), and the
+    # same bits on every rank.
+    np_dtype = np.float32 if dtype == tf.float32 else np.float64
+    exact_sum = reference(hvd.Sum, n)  # small integers: exact in every order
+    for op, post in ((hvd.Average, 1.0), (hvd.Sum, 0.3), (hvd.Average, 2.0)):
+        factor = float(np.float32(post)) / (N if op == hvd.Average else 1)  # the op's attribute is a float32
+        name = f"ring.scaled.{dtype.name}.{n}.{in_place}.{op}.{post}"
+        if in_place:
+            y = tf.function(lambda t: hvd.allreduce(t * 1.0, op=op, postscale_factor=post, name=name))(
+                tf.constant(values(R, n), dtype))
+        else:
+            x = tf.constant(values(R, n), dtype)
+            y = hvd.allreduce(x, op=op, postscale_factor=post, name=name)
+            np.testing.assert_array_equal(x.numpy(), values(R, n).astype(np_dtype))  # the input kept its value
+        want = (exact_sum.astype(np.float64) * factor).astype(np_dtype)
+        np.testing.assert_array_equal(y.numpy(), want)
+        everyone = hvd.allgather(tf.reshape(y, [1, n]), name=name + ".check").numpy()
+        for r in range(N):
+            np.testing.assert_array_equal(everyone[r], everyone[0])
+
+
 @pytest.mark.parametrize("n", [1, N + 1, 4099])
 def test_bool_or_and(n):
     flags = tf.constant((np.arange(n) + R) % 3 == 0)

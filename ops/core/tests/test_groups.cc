@@ -216,3 +216,40 @@ TEST(wire_bf16_reducescatter_and_average) {
     }
   });
 }
+
+// fp32: the communicator scales each chunk as it completes (Finalize no longer does): every
+// element exactly once -- whole, chunked into pieces of unequal size, and fused -- with the
+// arithmetic of ScaleInPlace (the float32 sum times the factor in double, rounded once).
+TEST(fp32_average_and_postscale_scale_each_element_once) {
+  const int n = 3;
+  const int64_t count = 2500;
+  for (const char* chunk : {"1048576", "4000"}) {
+    setenv("MLSL_TF_CHUNK_BYTES", chunk, 1);
+    for (auto [op, post] : {std::pair{ReduceOp::kAverage, 1.0}, {ReduceOp::kAverage, 2.0}, {ReduceOp::kSum, 0.3}}) {
+      std::vector<std::vector<float>> data(n, std::vector<float>(count));
+      for (int r = 0; r < n; ++r) for (int64_t i = 0; i < count; ++i) data[r][i] = float((i * 7 + 3 * r) % 5 + 1);
+      const double factor = op == ReduceOp::kAverage ? post / n : post;
+      std::vector<float> want(count);
+      for (int64_t i = 0; i < count; ++i) want[i] = float(double(data[0][i] + data[1][i] + data[2][i]) * factor);
+      RunRanks(n, [&](int rank, Runtime& rt) {
+        for (int fused = 0; fused < 2; ++fused) {
+          std::vector<std::future<Result>> fs;
+          for (int k = 0; k < (fused ? 3 : 1); ++k) {
+            Request r = Reduce("s" + std::to_string(fused) + std::to_string(k), data[rank], 0, op);
+            r.postscale = post;
+            fs.push_back(Submit(rt, std::move(r)));
+          }
+          for (auto& f : fs) {
+            Result res = Get(f);
+            CHECK(res.status.ok());
+            auto got = res.As<float>();
+            int bad = 0;
+            for (int64_t i = 0; i < count; ++i) bad += FloatBits(got[i]) != FloatBits(want[i]);
+            CHECK_EQ(bad, 0);
+          }
+        }
+      });
+    }
+    unsetenv("MLSL_TF_CHUNK_BYTES");
+  }
+}
