@@ -139,6 +139,31 @@ TEST(groups_removed_group_refuses_work) {
   });
 }
 
+// Every rank reduces data[rank] alone and then as three tensors fused into one work; each result
+// must be want, bit for bit (wire: Request::wire, -1 for the default, float32).
+static void ExpectAllreduceBits(const std::vector<std::vector<float>>& data, const std::vector<float>& want,
+                                ReduceOp op, double postscale, int wire) {
+  RunRanks(int(data.size()), [&](int rank, Runtime& rt) {
+    for (int fused = 0; fused < 2; ++fused) {
+      std::vector<std::future<Result>> fs;
+      for (int k = 0; k < (fused ? 3 : 1); ++k) {
+        Request r = Reduce("w" + std::to_string(fused) + std::to_string(k), data[rank], 0, op);
+        r.wire = wire;
+        r.postscale = postscale;
+        fs.push_back(Submit(rt, std::move(r)));
+      }
+      for (auto& f : fs) {
+        Result res = Get(f);
+        CHECK(res.status.ok());
+        auto got = res.As<float>();
+        int bad = 0;
+        for (size_t i = 0; i < want.size(); ++i) bad += FloatBits(got[i]) != FloatBits(want[i]);
+        CHECK_EQ(bad, 0);
+      }
+    }
+  });
+}
+
 // bf16 on the wire: each element rounded once in, summed in float32 in rank order, rounded once out.
 // An average (and a postscale) multiplies the float32 sum before that last rounding.
 static void WireAllreduceExact(int n, DataType wire, int64_t count, const char* chunk_bytes,
@@ -156,25 +181,7 @@ static void WireAllreduceExact(int n, DataType wire, int64_t count, const char* 
     const double factor = op == ReduceOp::kAverage ? postscale / n : postscale;
     want[i] = enc(factor == 1.0 ? acc : float(double(acc) * factor));
   }
-  RunRanks(n, [&](int rank, Runtime& rt) {
-    for (int fused = 0; fused < 2; ++fused) {
-      std::vector<std::future<Result>> fs;
-      for (int k = 0; k < (fused ? 3 : 1); ++k) {
-        Request r = Reduce("w" + std::to_string(fused) + std::to_string(k), data[rank], 0, op);
-        r.wire = int(wire);
-        r.postscale = postscale;
-        fs.push_back(Submit(rt, std::move(r)));
-      }
-      for (auto& f : fs) {
-        Result res = Get(f);
-        CHECK(res.status.ok());
-        auto got = res.As<float>();
-        int bad = 0;
-        for (int64_t i = 0; i < count; ++i) bad += FloatBits(got[i]) != FloatBits(want[i]);
-        CHECK_EQ(bad, 0);
-      }
-    }
-  });
+  ExpectAllreduceBits(data, want, op, postscale, int(wire));
   unsetenv("MLSL_TF_CHUNK_BYTES");
 }
 
@@ -231,24 +238,7 @@ TEST(fp32_average_and_postscale_scale_each_element_once) {
       const double factor = op == ReduceOp::kAverage ? post / n : post;
       std::vector<float> want(count);
       for (int64_t i = 0; i < count; ++i) want[i] = float(double(data[0][i] + data[1][i] + data[2][i]) * factor);
-      RunRanks(n, [&](int rank, Runtime& rt) {
-        for (int fused = 0; fused < 2; ++fused) {
-          std::vector<std::future<Result>> fs;
-          for (int k = 0; k < (fused ? 3 : 1); ++k) {
-            Request r = Reduce("s" + std::to_string(fused) + std::to_string(k), data[rank], 0, op);
-            r.postscale = post;
-            fs.push_back(Submit(rt, std::move(r)));
-          }
-          for (auto& f : fs) {
-            Result res = Get(f);
-            CHECK(res.status.ok());
-            auto got = res.As<float>();
-            int bad = 0;
-            for (int64_t i = 0; i < count; ++i) bad += FloatBits(got[i]) != FloatBits(want[i]);
-            CHECK_EQ(bad, 0);
-          }
-        }
-      });
+      ExpectAllreduceBits(data, want, op, post, -1);
     }
     unsetenv("MLSL_TF_CHUNK_BYTES");
   }
