@@ -48,6 +48,13 @@ struct Brain16 {
   MLSL_CLONES void Max(T* __restrict d, const T* __restrict s, int64_t n) {                              \
     for (int64_t i = 0; i < n; ++i) d[i] = d[i] < s[i] ? s[i] : d[i];                                     \
   }
+// x times f in double, rounded once back to float: the arithmetic of every ScaleInPlace.
+MLSL_CLONES void Scale(float* __restrict d, int64_t n, double f) {
+  for (int64_t i = 0; i < n; ++i) d[i] = float(double(d[i]) * f);
+}
+MLSL_CLONES void Scale(double* __restrict d, int64_t n, double f) {
+  for (int64_t i = 0; i < n; ++i) d[i] = d[i] * f;
+}
 MLSL_KERNELS(float)
 MLSL_KERNELS(double)
 MLSL_KERNELS(int32_t)
@@ -101,7 +108,11 @@ void ReduceBool(uint8_t* dst, const uint8_t* src, int64_t n, ReduceOp op) {
 
 template <typename S, typename C>
 void ScaleTyped(S* data, int64_t n, double f) {
-  for (int64_t i = 0; i < n; ++i) data[i] = C::Store(typename C::V(double(C::Load(data[i])) * f));
+  if constexpr (std::is_same_v<C, Native<S>> && std::is_floating_point_v<S>) {
+    Scale(data, n, f);
+  } else {
+    for (int64_t i = 0; i < n; ++i) data[i] = C::Store(typename C::V(double(C::Load(data[i])) * f));
+  }
 }
 
 template <typename S, typename C>

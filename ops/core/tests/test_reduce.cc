@@ -105,3 +105,27 @@ TEST(vectorised_kernels_match_scalar_loops) {
   CheckKernelsMatchScalar<uint8_t>(DataType::kUint8, {0, 1, 200, 255, 17, 128});
   CheckKernelsMatchScalar<int8_t>(DataType::kInt8, {0, 1, -128, 127, -17, 100});
 }
+
+// ScaleInPlace's float32 and float64 loops are cloned per instruction set: every element must be
+// exactly x * f in double rounded once to the type, as the scalar formula, at every length (the
+// vector body and its tail) and for overflow, denormals, signed zeros, inf and NaN.
+TEST(vectorised_scale_matches_the_scalar_formula) {
+  const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<float> pattern = {1.5f, -0.0f, 0.0f, 3e38f, -2.25f, inf, -inf, nan, 1e-40f, 7.0f, 0.1f, -1e-45f, 16777217.0f};
+  for (double f : {1.0 / 3.0, 0.3000000119, 2.0, 1e-300, -7.5}) {
+    for (int64_t n : {1, 7, 16, 33, 1001}) {
+      std::vector<float> x(n), want(n);
+      std::vector<double> d(n), dwant(n);
+      for (int64_t i = 0; i < n; ++i) {
+        x[i] = pattern[i % pattern.size()] * float(1 + i % 3);
+        want[i] = float(double(x[i]) * f);
+        d[i] = double(x[i]) * 1.000000001;
+        dwant[i] = d[i] * f;
+      }
+      ScaleInPlace(x.data(), n, DataType::kFloat32, f);
+      ScaleInPlace(d.data(), n, DataType::kFloat64, f);
+      CHECK(std::memcmp(x.data(), want.data(), n * sizeof(float)) == 0);
+      CHECK(std::memcmp(d.data(), dwant.data(), n * sizeof(double)) == 0);
+    }
+  }
+}
