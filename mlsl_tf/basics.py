@@ -66,8 +66,11 @@ def init(comm=None, process_sets=None):
     lib = _library.c_api()
     if lib.mlsl_tf_init() != 0:
         raise RuntimeError("mlsl_tf.init() failed: " + _library.last_error())
-    from mlsl_tf import threads
-    threads.configure()  # before TensorFlow starts its pools (see threads.py)
+    from mlsl_tf import affinity, threads
+    config = _library.settings()
+    # Both before TensorFlow starts its pools: it sizes them from the cores a thread may use.
+    affinity.bind(local_rank(), local_size(), config[affinity.SETTING][2], config["MLSL_TF_COMM_CORE"][2])
+    threads.configure()
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)

@@ -63,6 +63,13 @@ def _core_list(text: str) -> str:
     return ",".join(cores)
 
 
+def _binding(text: str) -> str:
+    text = text.strip().lower()
+    if text not in ("auto", "none"):
+        raise ValueError(f"expected 'auto' or 'none', got {text!r}")
+    return text
+
+
 def _path(text: str) -> str:
     if not text:
         raise ValueError("expected a file path")
@@ -79,6 +86,9 @@ ENV_FLAGS: tuple[EnvFlag, ...] = (
     EnvFlag("--priority", "MLSL_TF_PRIORITY", _policy, "scheduling policy: priority (default) or fifo"),
     EnvFlag("--comm-core", "MLSL_TF_COMM_CORE", _core_list,
             "pin each rank's background thread to this core (a list: local rank i gets the (i mod n)-th)"),
+    EnvFlag("--bind", "MLSL_TF_BIND", _binding,
+            "auto (default): each rank's threads on its own block of the machine's cores unless the launcher "
+            "bound them; none: leave them"),
     EnvFlag("--timeline-filename", "MLSL_TF_TIMELINE", _path,
             "write a Chrome-trace timeline (rank 0; '{rank}' in the name: every rank)"),
 )

@@ -53,6 +53,10 @@ const std::vector<SettingInfo>& AllSettings() {
        T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none"},
       {"MLSL_TF_COMM_CORE", "",
        "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kCores},
+      {"MLSL_TF_BIND", "auto",
+       "'auto': init() binds each rank's threads to its own block of the machine's physical cores when the launcher "
+       "did not bind it and every local rank can have a whole core (see mlsl_tf/affinity.py); 'none': leave them",
+       T::kChoice, 0, 0, "auto|none"},
       {"MLSL_TF_COMM_NICE", "0",
        "nice value of the background thread (negative: it preempts compute threads when the network wakes it; "
        "needs the permission to lower nice, else ignored)",

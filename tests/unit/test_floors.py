@@ -14,6 +14,7 @@ FLOORS = {
     "mlsl_tf.compression": 0,   # casting compressors
     "mlsl_tf.timeline": 0,      # PNG of a trace file
     "mlsl_tf.simulate": 0,      # the N-node simulator's driver (runs build/mlsl_sim)
+    "mlsl_tf.affinity": 0,      # which cores a rank's threads run on
     "mlsl_tf.threads": 1,       # TensorFlow pool sizes
     "mlsl_tf.basics": 2,        # init, shutdown, rank/size, progress output
     "mlsl_tf.groups": 3,        # process sets

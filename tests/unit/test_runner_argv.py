@@ -218,15 +218,15 @@ def test_format_seconds():
 def test_scheduler_flags_become_rank_environment():
     cfg = parse_args(["-np", "2", "--fusion-threshold-mb", "2", "--chunk-mb", "0.5", "--priority", "fifo",
                       "--comm-core", "0,1", "--timeline-filename", "/tmp/t.json", "--inflight", "3",
-                      "python", "x.py"])
+                      "--bind", "None", "python", "x.py"])
     env = dict(cfg.flag_env)
     assert env == {"MLSL_TF_FUSION_THRESHOLD": str(2 << 20), "MLSL_TF_CHUNK_BYTES": str(1 << 19),
                    "MLSL_TF_PRIORITY": "fifo", "MLSL_TF_COMM_CORE": "0,1", "MLSL_TF_TIMELINE": "/tmp/t.json",
-                   "MLSL_TF_INFLIGHT": "3"}
+                   "MLSL_TF_INFLIGHT": "3", "MLSL_TF_BIND": "none"}
 
 
 @pytest.mark.parametrize("flag,value", [("--priority", "lifo"), ("--comm-core", "a"), ("--chunk-mb", "-1"), ("--chunk-mb", "0"),
-                                        ("--inflight", "0")])
+                                        ("--inflight", "0"), ("--bind", "core")])
 def test_scheduler_flags_reject_bad_values(flag, value):
     with pytest.raises(ValueError):
         parse_args(["-np", "2", flag, value, "python", "x.py"])

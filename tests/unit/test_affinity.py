@@ -1,0 +1,135 @@
+"""Which cores init() binds a rank to (mlsl_tf/affinity.py): the policy on made-up machines."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from mlsl_tf import affinity
+
+
+@pytest.mark.parametrize("text,want", [
+    ("0-3", {0, 1, 2, 3}), ("0", {0}), ("0-1,4,6-7\n", {0, 1, 4, 6, 7}), ("", set()), (" 2 , 5 ", {2, 5}),
+])
+def test_parse_cpu_list(text, want):
+    assert affinity.parse_cpu_list(text) == want
+
+
+def two_sockets_with_hyperthreads(cpu):
+    """Linux's usual numbering on 2 sockets x 4 cores x 2 threads: CPU c and c + 8 are siblings,
+    CPUs 0-3 (and 8-11) on socket 0."""
+    core = cpu % 8
+    return core // 4, core % 4
+
+
+def test_hyperthreads_stay_with_their_core_and_blocks_stay_in_a_socket():
+    cores = affinity.physical_cores(set(range(16)), two_sockets_with_hyperthreads)
+    assert cores == [[0, 8], [1, 9], [2, 10], [3, 11], [4, 12], [5, 13], [6, 14], [7, 15]]
+    assert affinity.share(cores, 0, 2) == {0, 1, 2, 3, 8, 9, 10, 11}
+    assert affinity.share(cores, 1, 2) == {4, 5, 6, 7, 12, 13, 14, 15}
+    assert affinity.share(cores, 3, 4) == {6, 7, 14, 15}
+
+
+@pytest.mark.parametrize("ncores,nranks", [(2, 2), (7, 3), (8, 3), (40, 6), (5, 5)])
+def test_blocks_are_disjoint_cover_every_core_and_differ_by_at_most_one(ncores, nranks):
+    cores = affinity.physical_cores(set(range(ncores)), lambda cpu: (0, cpu))
+    blocks = [affinity.share(cores, r, nranks) for r in range(nranks)]
+    assert set().union(*blocks) == set(range(ncores))
+    assert sum(len(b) for b in blocks) == ncores
+    assert max(map(len, blocks)) - min(map(len, blocks)) <= 1
+    for b in blocks:  # contiguous
+        assert b == set(range(min(b), max(b) + 1))
+
+
+def test_unknown_topology_counts_each_cpu_as_a_core():
+    assert affinity.physical_cores({3, 1, 2}, lambda cpu: None) == [[1], [2], [3]]
+
+
+def test_fewer_cores_than_ranks_binds_nothing():
+    cores = affinity.physical_cores({0, 1}, lambda cpu: (0, cpu))
+    assert affinity.share(cores, 0, 3) is None
+    cpus, why = affinity.plan("auto", 0, 3, "", {0, 1}, {0, 1}, lambda cpu: (0, cpu))
+    assert cpus is None and "3 ranks on 2 physical cores" in why
+
+
+def plan(setting="auto", local_rank=1, local_size=2, comm_core="", current=frozenset(range(4)),
+         allowed=frozenset(range(4))):
+    return affinity.plan(setting, local_rank, local_size, comm_core, current, allowed, lambda cpu: (0, cpu))
+
+
+def test_an_unbound_rank_gets_its_block():
+    assert plan() == ({2, 3}, "local rank 1 of 2 on 4 physical cores")
+
+
+@pytest.mark.parametrize("kwargs,reason", [
+    (dict(setting="none"), "MLSL_TF_BIND=none"),
+    (dict(comm_core="3"), "MLSL_TF_COMM_CORE"),
+    (dict(local_rank=0, local_size=1), "one rank on this machine"),
+    (dict(current=frozenset({2, 3})), "the launcher bound this rank already"),
+])
+def test_left_alone(kwargs, reason):
+    cpus, why = plan(**kwargs)
+    assert cpus is None and reason in why
+
+
+def test_the_cgroup_limit_is_the_whole_machine():
+    # A container limited to CPUs 4-7 with an unbound rank: the blocks come from those four.
+    cpus, _ = plan(local_rank=0, current=frozenset(range(4, 8)), allowed=frozenset(range(4, 8)))
+    assert cpus == {4, 5}
+
+
+def test_bad_local_rank():
+    with pytest.raises(ValueError):
+        affinity.share([[0], [1]], 2, 2)
+
+
+# --- init() on a real 2-rank job of this machine -------------------------------------------
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+REPORT = """
+import json, os
+import tensorflow as tf
+import mlsl_tf as hvd
+hvd.init()
+tf.constant(1.0) + 1.0  # TensorFlow's pools now exist
+masks = {}
+for tid in os.listdir("/proc/self/task"):
+    try:
+        masks[tid] = sorted(os.sched_getaffinity(int(tid)))
+    except OSError:
+        pass
+with open(os.path.join(os.environ["REPORT_DIR"], f"rank{hvd.rank()}.json"), "w") as f:
+    json.dump(sorted(set(map(tuple, masks.values()))), f)
+"""
+
+
+def job_masks(tmp_path, env_extra, preexec=None):
+    """{rank: the distinct CPU masks of its threads} after init() in a 2-rank mpiexec job."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLSL_TF_", "PMI_", "HYD"))}
+    env.update(env_extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", REPORT_DIR=str(tmp_path))
+    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", REPORT], env=env, capture_output=True,
+                         text=True, timeout=180, preexec_fn=preexec)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return {r: [set(m) for m in json.loads((tmp_path / f"rank{r}.json").read_text())] for r in (0, 1)}
+
+
+def test_init_binds_every_thread_of_each_rank_to_its_own_block(tmp_path):
+    allowed = affinity.allowed_cpus()
+    masks = job_masks(tmp_path, {}, preexec=lambda: os.sched_setaffinity(0, allowed))  # as an unbound launcher starts it
+    cores = affinity.physical_cores(allowed, affinity.core_of)
+    for rank in (0, 1):
+        want = affinity.share(cores, rank, 2) or allowed  # fewer cores than ranks: left alone
+        assert masks[rank] == [want], f"rank {rank}: threads on {masks[rank]}, want {want}"
+    if len(cores) >= 2:
+        assert not masks[0][0] & masks[1][0]
+
+
+def test_init_leaves_a_bound_job_and_none_alone(tmp_path):
+    allowed = affinity.allowed_cpus()
+    one = {max(os.sched_getaffinity(0))}
+    assert job_masks(tmp_path, {}, preexec=lambda: os.sched_setaffinity(0, one)) == {0: [one], 1: [one]}
+    assert job_masks(tmp_path, {"MLSL_TF_BIND": "none"}, preexec=lambda: os.sched_setaffinity(0, allowed)) == \
+        {0: [allowed], 1: [allowed]}
