@@ -111,8 +111,13 @@ def plan(setting, local_rank, local_size, comm_core, current, allowed, core_of):
     return cpus, f"local rank {local_rank} of {local_size} on {len(cores)} physical cores"
 
 
+_bound = []  # the CPUs an earlier init() of this process bound it to
+
+
 def bind(local_rank, local_size, setting, comm_core):
     """Applies plan() to every thread of this process. Returns the CPUs bound to, or None."""
+    if _bound and set(os.sched_getaffinity(0)) == _bound[-1]:
+        return _bound[-1]  # init() again: the mask is our own, not a launcher's
     cpus, why = plan(setting, local_rank, local_size, comm_core, os.sched_getaffinity(0), allowed_cpus(), core_of)
     if cpus is None:
         _log.info("mlsl_tf: threads not bound (%s)", why)
@@ -125,4 +130,5 @@ def bind(local_rank, local_size, setting, comm_core):
         except OSError as e:
             _log.warning("mlsl_tf: could not bind thread %s to CPUs %s: %s", tid, sorted(cpus), e)
     _log.info("mlsl_tf: threads bound to CPUs %s (%s)", sorted(cpus), why)
+    _bound.append(cpus)
     return cpus

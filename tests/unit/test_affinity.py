@@ -133,3 +133,23 @@ def test_init_leaves_a_bound_job_and_none_alone(tmp_path):
     assert job_masks(tmp_path, {}, preexec=lambda: os.sched_setaffinity(0, one)) == {0: [one], 1: [one]}
     assert job_masks(tmp_path, {"MLSL_TF_BIND": "none"}, preexec=lambda: os.sched_setaffinity(0, allowed)) == \
         {0: [allowed], 1: [allowed]}
+
+
+def test_bind_sets_every_thread_and_a_second_init_keeps_its_own_mask(monkeypatch):
+    masks = {0: set(range(4)), 11: set(range(4)), 12: set(range(4))}  # 0: the calling thread
+
+    def setaffinity(tid, cpus):
+        masks[tid] = set(cpus)
+        if tid == 11:
+            masks[0] = set(cpus)  # thread 11 is the calling thread
+
+    monkeypatch.setattr(affinity, "_bound", [])
+    monkeypatch.setattr(affinity, "allowed_cpus", lambda: set(range(4)))
+    monkeypatch.setattr(affinity, "core_of", lambda cpu: (0, cpu))
+    monkeypatch.setattr(affinity.os, "listdir", lambda path: ["11", "12"])
+    monkeypatch.setattr(affinity.os, "sched_getaffinity", lambda tid: masks[tid])
+    monkeypatch.setattr(affinity.os, "sched_setaffinity", setaffinity)
+    assert affinity.bind(1, 2, "auto", "") == {2, 3}
+    assert masks[11] == masks[12] == {2, 3}
+    # init() again (after shutdown): the mask differs from the cgroup's, yet it is not a launcher's
+    assert affinity.bind(1, 2, "auto", "") == {2, 3}
