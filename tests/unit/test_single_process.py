@@ -139,6 +139,7 @@ BAD_SETTINGS = [
     ("MLSL_TF_PRIORITY", "lifo", "one of priority, fifo"),
     ("MLSL_TF_WIRE_DTYPE", "int8", "one of float32, bfloat16"),
     ("MLSL_TF_COMM_CORE", "one", "empty, or a core number or a comma-separated list"),
+    ("MLSL_TF_BIND", "core", "one of auto, none"),
     ("MLSL_TF_CROSS_ITERATION", "maybe", "one of 1, 0"),
     ("MLSL_TF_THREAD_SPINNING", "sometimes", "one of 1, 0"),
     ("MLSL_TF_INTER_OP_THREADS", "0", "one of auto, tf, or an integer from 1"),
