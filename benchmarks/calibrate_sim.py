@@ -19,19 +19,21 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    then given the link's beta and the CPU's (SimFabric cpu_beta, shared_cores) and charges each
    phase of a collective by the ranks that send in it: pof2 in the allreduce's main part, every
    rank in the bf16 path's all-to-all and allgather; a transfer stops while the background thread
-   runs the codec (MPICH over TCP moves the bytes inside that thread's MPI calls). Then the codec cost (CPU s per
-   byte of the bf16 path, one figure for the machine: least squares over every comm_bf16 run);
-   then how much computing and communicating slow each other (--cpu both, the default: compute 1 + k times slower while the link carries data and the
-   link 1 + k times slower while compute runs -- on this 2-core machine TCP and TensorFlow share
-   the cores) so that the simulated `overlap` steps match; k is scaled by the ranks per core,
+   runs the codec (MPICH over TCP moves the bytes inside that thread's MPI calls). Then the codec
+   cost (CPU s per byte of the bf16 path, one figure for the machine: least squares over every
+   comm_bf16 run); then how much computing and communicating slow each other (--cpu both, the
+   default: compute 1 + k times slower while the link carries data and the link 1 + k times
+   slower while compute runs -- on this 2-core machine TCP and TensorFlow share the cores) so
+   that the simulated `overlap` steps match; k is scaled by the ranks per core,
    max(1, hosts / cores), as each rank's compute competes with that many ranks' TCP work
    (fitted per host count, k at 10 Gbit/s was 0.85, 1.57, 1.87 on 2, 3, 4 hosts: 0.85, 1.05,
    0.94 per rank per core). Several --measured files (passes of the same jobs) are fitted on
-   as the median of their samples per (hosts, rate, config). Per-layer compute = the measured `compute` step
-   split by the table's FLOPs (backward = 2 x forward); each sample of a row is predicted from the
-   compute-alone time measured in the same file as it where there is one (the machine's speed
-   drifts between passes), else from the median of all compute samples, and the row's prediction
-   is the median of its samples' (as its measured step is the median of theirs).
+   as the median of their samples per (hosts, rate, config). Per-layer compute = the measured
+   `compute` step split by the table's FLOPs (backward = 2 x forward); each sample of a row is
+   predicted from the compute-alone time measured in the same file as it where there is one
+   (the machine's speed drifts between passes), else from the median of all compute samples,
+   and the row's prediction is the median of its samples' (as its measured step is the median
+   of theirs).
 3. Validate: every (hosts, rate, config) measured, predicted with the fitted figures; JSON lines
    {hosts, rate, config, measured_s, predicted_s, error, fitted_on} and a summary line. Rows
    that were fitted on (comm, comm_bf16, overlap of the fit hosts) are marked; the summary counts
