@@ -2,11 +2,11 @@
 
 MPICH's mpiexec (hydra) starts every rank free to run on every core. With several ranks on a
 machine, each rank's TensorFlow then sizes its intra-op pool for the whole machine, the ranks'
-threads migrate between cores, and a gradient the background thread just received lands in
+threads migrate between cores, and a gradient the background thread just received may land in
 another core's cache than the one that reads it next. init() therefore gives local rank i the
 i-th of local_size equal, contiguous blocks of the machine's physical cores (each core with its
 hardware threads), before TensorFlow builds its thread pools, which it sizes from the cores a
-thread may use -- as Open MPI and Intel MPI bind by default and Horovod's guides advise.
+thread may use -- as Open MPI and Intel MPI bind ranks by default.
 
 It leaves the threads where they are when:
   - MLSL_TF_BIND=none (the default is auto);
