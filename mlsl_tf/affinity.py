@@ -122,13 +122,17 @@ def bind(local_rank, local_size, setting, comm_core):
     if cpus is None:
         _log.info("mlsl_tf: threads not bound (%s)", why)
         return None
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            os.sched_setaffinity(int(tid), cpus)
-        except ProcessLookupError:
-            pass  # the thread has ended
-        except OSError as e:
-            _log.warning("mlsl_tf: could not bind thread %s to CPUs %s: %s", tid, sorted(cpus), e)
+    done = set()
+    for _ in range(3):  # again for threads started meanwhile by a thread not yet bound
+        tids = set(os.listdir("/proc/self/task")) - done
+        for tid in tids:
+            try:
+                os.sched_setaffinity(int(tid), cpus)
+            except ProcessLookupError:
+                pass  # the thread has ended
+            except OSError as e:
+                _log.warning("mlsl_tf: could not bind thread %s to CPUs %s: %s", tid, sorted(cpus), e)
+        done |= tids
     _log.info("mlsl_tf: threads bound to CPUs %s (%s)", sorted(cpus), why)
     _bound.append(cpus)
     return cpus
