@@ -50,8 +50,9 @@ def test_unknown_topology_counts_each_cpu_as_a_core():
 def test_fewer_cores_than_ranks_binds_nothing():
     cores = affinity.physical_cores({0, 1}, lambda cpu: (0, cpu))
     assert affinity.share(cores, 0, 3) is None
-    cpus, why = affinity.plan("auto", 0, 3, "", {0, 1}, {0, 1}, lambda cpu: (0, cpu))
-    assert cpus is None and "3 ranks on 2 physical cores" in why
+    for ranks in (3, 4):
+        cpus, why = affinity.plan("auto", 0, ranks, "", {0, 1}, {0, 1}, lambda cpu: (0, cpu))
+        assert cpus is None and f"{ranks} ranks on 2 physical cores" in why
 
 
 def plan(setting="auto", local_rank=1, local_size=2, comm_core="", current=frozenset(range(4)),
@@ -85,7 +86,7 @@ def test_bad_local_rank():
         affinity.share([[0], [1]], 2, 2)
 
 
-# --- init() on a real 2-rank job of this machine -------------------------------------------
+# --- init() on real jobs of this machine -------------------------------------------
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
@@ -106,25 +107,27 @@ with open(os.path.join(os.environ["REPORT_DIR"], f"rank{hvd.rank()}.json"), "w")
 """
 
 
-def job_masks(tmp_path, env_extra, preexec=None):
-    """{rank: the distinct CPU masks of its threads} after init() in a 2-rank mpiexec job."""
+def job_masks(tmp_path, env_extra, preexec=None, ranks=2):
+    """{rank: the distinct CPU masks of its threads} after init() in an mpiexec job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MLSL_TF_", "PMI_", "HYD"))}
     env.update(env_extra, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", REPORT_DIR=str(tmp_path))
-    out = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", REPORT], env=env, capture_output=True,
+    out = subprocess.run([MPIEXEC, "-n", str(ranks), sys.executable, "-c", REPORT], env=env, capture_output=True,
                          text=True, timeout=180, preexec_fn=preexec)
     assert out.returncode == 0, out.stderr[-3000:]
-    return {r: [set(m) for m in json.loads((tmp_path / f"rank{r}.json").read_text())] for r in (0, 1)}
+    return {r: [set(m) for m in json.loads((tmp_path / f"rank{r}.json").read_text())] for r in range(ranks)}
 
 
-def test_init_binds_every_thread_of_each_rank_to_its_own_block(tmp_path):
+@pytest.mark.parametrize("ranks", [2, 3, 4])
+def test_init_binds_every_thread_of_each_rank_as_planned(tmp_path, ranks):
     allowed = affinity.allowed_cpus()
-    masks = job_masks(tmp_path, {}, preexec=lambda: os.sched_setaffinity(0, allowed))  # as an unbound launcher starts it
+    # as an unbound launcher starts it
+    masks = job_masks(tmp_path, {}, preexec=lambda: os.sched_setaffinity(0, allowed), ranks=ranks)
+    for rank in range(ranks):
+        want, why = affinity.plan("auto", rank, ranks, "", allowed, allowed, affinity.core_of)
+        assert masks[rank] == [want or allowed], f"rank {rank}: threads on {masks[rank]}, want {want} ({why})"
     cores = affinity.physical_cores(allowed, affinity.core_of)
-    for rank in (0, 1):
-        want = affinity.share(cores, rank, 2) or allowed  # fewer cores than ranks: left alone
-        assert masks[rank] == [want], f"rank {rank}: threads on {masks[rank]}, want {want}"
-    if len(cores) >= 2:
-        assert not masks[0][0] & masks[1][0]
+    if len(cores) >= ranks:  # each rank its own cores
+        assert all(not masks[a][0] & masks[b][0] for a in range(ranks) for b in range(a))
 
 
 def test_init_leaves_a_bound_job_and_none_alone(tmp_path):
