@@ -38,13 +38,13 @@ def parse_cpu_list(text):
     return cpus
 
 
-def physical_cores(cpus, core_of):
+def physical_cores(cpus, topology):
     """`cpus` grouped into physical cores: a list of sorted lists of CPU numbers, ordered by
-    (package, core). core_of(cpu) -> (package, core id), or None when unknown (then the CPU
-    counts as a core of its own)."""
+    (package, core). topology(cpu) -> (package, core id), or None when unknown (then the CPU
+    counts as a core of its own); core_of reads it from /sys."""
     groups = {}
     for cpu in sorted(cpus):
-        key = core_of(cpu)
+        key = topology(cpu)
         groups.setdefault(("cpu", cpu) if key is None else ("core",) + tuple(key), []).append(cpu)
     return [groups[k] for k in sorted(groups, key=lambda k: (k[0] == "cpu",) + k[1:])]
 
@@ -94,8 +94,9 @@ def core_of(cpu):
     return int(package), int(core)
 
 
-def plan(setting, local_rank, local_size, comm_core, current, allowed, core_of):
-    """(cpus or None, why): the CPUs this rank should run on, or None and the reason to leave it."""
+def plan(setting, local_rank, local_size, comm_core, current, allowed, topology):
+    """(cpus or None, why): the CPUs this rank should run on, or None and the reason to leave it
+    (topology as for physical_cores)."""
     if setting.strip().lower() == "none":
         return None, f"{SETTING}={setting}"
     if comm_core.strip():
@@ -104,20 +105,21 @@ def plan(setting, local_rank, local_size, comm_core, current, allowed, core_of):
         return None, "one rank on this machine"
     if set(current) != set(allowed):
         return None, "the launcher bound this rank already"
-    cores = physical_cores(allowed, core_of)
+    cores = physical_cores(allowed, topology)
     cpus = share(cores, local_rank, local_size)
     if cpus is None:
         return None, f"{local_size} ranks on {len(cores)} physical cores"
     return cpus, f"local rank {local_rank} of {local_size} on {len(cores)} physical cores"
 
 
-_bound = []  # the CPUs an earlier init() of this process bound it to
+_bound = None  # the CPUs an earlier init() of this process bound it to
 
 
 def bind(local_rank, local_size, setting, comm_core):
     """Applies plan() to every thread of this process. Returns the CPUs bound to, or None."""
-    if _bound and set(os.sched_getaffinity(0)) == _bound[-1]:
-        return _bound[-1]  # init() again: the mask is our own, not a launcher's
+    global _bound
+    if _bound is not None and set(os.sched_getaffinity(0)) == _bound:
+        return _bound  # init() again: the mask is our own, not a launcher's
     cpus, why = plan(setting, local_rank, local_size, comm_core, os.sched_getaffinity(0), allowed_cpus(), core_of)
     if cpus is None:
         _log.info("mlsl_tf: threads not bound (%s)", why)
@@ -134,5 +136,5 @@ def bind(local_rank, local_size, setting, comm_core):
                 _log.warning("mlsl_tf: could not bind thread %s to CPUs %s: %s", tid, sorted(cpus), e)
         done |= tids
     _log.info("mlsl_tf: threads bound to CPUs %s (%s)", sorted(cpus), why)
-    _bound.append(cpus)
+    _bound = cpus
     return cpus

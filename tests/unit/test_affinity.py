@@ -146,7 +146,7 @@ def test_bind_sets_every_thread_and_a_second_init_keeps_its_own_mask(monkeypatch
         if tid == 11:
             masks[0] = set(cpus)  # thread 11 is the calling thread
 
-    monkeypatch.setattr(affinity, "_bound", [])
+    monkeypatch.setattr(affinity, "_bound", None)
     monkeypatch.setattr(affinity, "allowed_cpus", lambda: set(range(4)))
     monkeypatch.setattr(affinity, "core_of", lambda cpu: (0, cpu))
     monkeypatch.setattr(affinity.os, "listdir", lambda path: ["11", "12"])
