@@ -4,6 +4,7 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
     sudo python benchmarks/calibrate_sim.py [--hosts 2,3,4] [--rates 1gbit,10gbit] [--runs 3] [--configs ...]
         [--out benchmarks/results/calibration.jsonl]         # measure (root: namespaces), fit, validate
     python benchmarks/calibrate_sim.py --measured FILE.jsonl  # fit and validate earlier measurements
+    python benchmarks/calibrate_sim.py --measured NEW.jsonl --fits FIT.jsonl  # predict new runs, fit nothing
 
 1. Measure: per (hosts, rate), benchmarks/training.py runs ResNet-50 (batch 16 per rank) on one
    emulated host per rank (benchmarks/hosts.py) in each configuration: compute alone, gradients
@@ -23,8 +24,9 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    cost (CPU s per byte of the bf16 path, one figure for the machine: least squares over every
    comm_bf16 run); then how much computing and communicating slow each other (--cpu both, the
    default: compute 1 + k times slower while the link carries data and the link 1 + k times
-   slower while compute runs -- on this 2-core machine TCP and TensorFlow share the cores) so
-   that the simulated `overlap` steps match; k is scaled by the ranks per core,
+   slower while compute runs -- on this 2-core machine TCP and TensorFlow share the cores),
+   least squares over the fifo, priority and overlap steps (--cpu-fit; k is how the machine's
+   cores are shared, not a property of one policy); k is scaled by the ranks per core,
    max(1, hosts / cores), as each rank's compute competes with that many ranks' TCP work
    (fitted per host count, k at 10 Gbit/s was 0.85, 1.57, 1.87 on 2, 3, 4 hosts: 0.85, 1.05,
    0.94 per rank per core). Several --measured files (passes of the same jobs) are fitted on
@@ -36,8 +38,9 @@ predicted ResNet-50 step time on 2, 3, 4 hosts at 1 and 10 Gbit/s, each within 1
    of theirs).
 3. Validate: every (hosts, rate, config) measured, predicted with the fitted figures; JSON lines
    {hosts, rate, config, measured_s, predicted_s, error, fitted_on} and a summary line. Rows
-   that were fitted on (comm, comm_bf16, overlap of the fit hosts) are marked; the summary counts
-   the others (fifo, priority, overlap_bf16, horovod: never fitted on) and all rows separately.
+   that were fitted on (comm, comm_bf16 and the --cpu-fit configurations of the fit hosts) are
+   marked; the summary counts the others (overlap_bf16, horovod: never fitted on) and all rows
+   separately.
 """
 
 import argparse
@@ -67,6 +70,9 @@ CODEC_SHARING = 1.0
 # the sockets): every transfer, not only the CPU-bound ones, waits while the background thread runs
 # the codec (SimFabric thread_progress; --thread-progress 0: only where the CPU binds).
 THREAD_PROGRESS = True
+# The fp32 training configurations the CPU-sharing factor k is fitted on (least squares over all
+# of them; --cpu-fit). overlap_bf16 is never fitted on.
+CPU_FIT = ("fifo", "priority", "overlap")
 
 
 def pof2(n):
@@ -237,9 +243,15 @@ def fit_least_squares(loss, high=4.0, iterations=40):
 
 
 def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=ALPHA, codec_sharing=CODEC_SHARING,
-             thread_progress=THREAD_PROGRESS):
+             thread_progress=THREAD_PROGRESS, cpu_fit=CPU_FIT, fixed=None):
     """Fits on fit_hosts, predicts every row; returns (fits per rate, result rows). cores: of the
-    machine the emulated hosts shared when measured (default: this one's)."""
+    machine the emulated hosts shared when measured (default: this one's); cpu_fit: the training
+    configurations the CPU-sharing factor k is fitted on. fixed: {rate: fit} from an earlier
+    validate (read_fits): nothing is fitted, every row is predicted with those figures and held out."""
+    if fixed:
+        some = next(iter(fixed.values()))
+        cores, alpha = some["cores"], some["alpha_s"]
+        codec_sharing, thread_progress, cpu = some["codec_sharing"], some["thread_progress"], some["cpu_model"]
     cores = cores or os.cpu_count()
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
     samples = {(r["hosts"], r["rate"], r["config"]): r.get("samples", 1) for r in rows}
@@ -251,15 +263,20 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
                                            for c in paired.get((h, rate, config), [None])]
     rates = sorted({r["rate"] for r in rows})
     measured_betas = {}
-    for rate in rates:
+    for rate in rates if not fixed else ():
         pts = [(h, fit_log_monotone(by[(h, rate, "comm")],
                                     lambda b, h=h: predict(table, 0, h, alpha, b, "overlap", binary=binary)))
                for h in fit_hosts if (h, rate, "comm") in by]
         if pts:
             measured_betas[rate] = pts
-    if not measured_betas:
+    if fixed:
+        links = {rate: fixed[rate]["beta_s_per_byte"] for rate in rates if rate in fixed}
+        cpu_beta = some["cpu_beta_s_per_byte"]
+        measured_betas = {rate: sorted((int(h), b) for h, b in fixed[rate]["measured_betas"].items()) for rate in links}
+    elif not measured_betas:
         return {}, []
-    links, cpu_beta = fit_link_and_cpu(measured_betas, cores)
+    else:
+        links, cpu_beta = fit_link_and_cpu(measured_betas, cores)
 
     cache = {}
 
@@ -282,25 +299,37 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
     # threads share the machine's cores: per rank, a codec byte costs c x (ranks per core).
     bf16 = [(rate, h, by[(h, rate, "comm_bf16")]) for rate in rates if rate in links for h in fit_hosts
             if (h, rate, "comm_bf16") in by]
-    codec = fit_least_squares(lambda c: sum((simulated(rate, h, 0, "bf16", codec=c * ranks_per_core(h, cores)) / t - 1)
-                                            ** 2 for rate, h, t in bf16), high=1e-6) if bf16 else 0.0
+
+    def codec_loss(c):
+        return sum((simulated(rate, h, 0, "bf16", codec=c * ranks_per_core(h, cores)) / t - 1) ** 2
+                   for rate, h, t in bf16)
+
+    codec = some["codec_s_per_byte"] if fixed else fit_least_squares(codec_loss, high=1e-6) if bf16 else 0.0
     codec_of = lambda h: codec * ranks_per_core(h, cores)  # noqa: E731
     fits, out = {}, []
     for rate in rates:
         if rate not in links:
             continue
         sim = functools.partial(simulated, rate)
-        runs = [(h, computes_of(h, rate, "overlap"), by[(h, rate, "overlap")]) for h in fit_hosts
-                if (h, rate, "overlap") in by and (h, rate, "compute") in by]
-        kappa = fit_least_squares(lambda k: sum((sim(h, c, "overlap", interference=k * ranks_per_core(h, cores),
-                                                     cpu=cpu) / t - 1) ** 2 for h, c, t in runs)) if runs else 0.0
+        # k: how this machine's cores are shared between computing and moving bytes -- a property
+        # of the machine, not of a policy, so one figure per rate over every run in cpu_fit
+        runs = [(h, config, computes_of(h, rate, config), by[(h, rate, config)]) for config in cpu_fit
+                for h in fit_hosts if (h, rate, config) in by and (h, rate, "compute") in by]
+
+        def k_loss(k, sim=sim, runs=runs):
+            return sum((sim(h, c, POLICY_OF[config], interference=k * ranks_per_core(h, cores), cpu=cpu) / t - 1)
+                       ** 2 for h, config, c, t in runs)
+
+        kappa = fixed[rate]["cpu_factor"] if fixed else fit_least_squares(k_loss) if runs else 0.0
         kappa_of = lambda h: kappa * ranks_per_core(h, cores)  # noqa: E731
         fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
                       "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
                       "measured_betas": {str(h): b for h, b in measured_betas[rate]},
                       "codec_s_per_byte": codec, "codec_sharing": codec_sharing, "cpu_model": cpu, "cpu_factor": kappa,
-                      "thread_progress": bool(thread_progress),
+                      "thread_progress": bool(thread_progress), "cpu_fitted_on": list(cpu_fit),
                       "fitted_on_hosts": list(fit_hosts)}
+        if fixed:
+            fits[rate] = {**fixed[rate], "fixed": True}
         for (h, r8, config), measured in sorted(by.items()):
             if r8 != rate or config not in POLICY_OF or (config not in ("comm", "comm_bf16")
                                                          and (h, rate, "compute") not in by):
@@ -308,12 +337,27 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
             compute = [0.0] if config.startswith("comm") else computes_of(h, rate, config)
             predicted = sim(h, compute, POLICY_OF[config], interference=0.0 if compute == [0.0] else kappa_of(h),
                             codec=codec_of(h), cpu=cpu, codec_sharing=codec_sharing)
-            fitted = h in fit_hosts and config in ("comm", "comm_bf16", "overlap")
+            fitted = not fixed and h in fit_hosts and config in ("comm", "comm_bf16", *cpu_fit)
             out.append({"hosts": h, "rate": rate, "config": config, "measured_s": measured,
                         "predicted_s": predicted, "error": predicted / measured - 1, "fitted_on": fitted,
                         "samples": samples[(h, rate, config)], "compute_s": statistics.median(compute),
                         **({"computes_s": compute} if len(compute) > 1 else {})})
     return fits, out
+
+
+def read_fits(path):
+    """{rate: fit} from the {"fit": ...} lines of an earlier run's output (the last per rate)."""
+    fits = {}
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("{"):
+                obj = json.loads(line)
+                if "fit" in obj:
+                    fits[obj["fit"]["rate"]] = obj["fit"]
+    if not fits:
+        raise ValueError(f"{path}: no {{\"fit\": ...}} lines (expected this script's output)")
+    return fits
 
 
 def summary(results):
@@ -349,11 +393,27 @@ def main(argv=None):
     p.add_argument("--thread-progress", type=int, choices=[0, 1], default=int(THREAD_PROGRESS),
                    help="1: every transfer moves only while the background thread is out of the codec (MPICH over "
                         "TCP progresses inside the thread's MPI calls); 0: only the CPU-bound ones")
+    p.add_argument("--cpu-fit", type=split, default=list(CPU_FIT),
+                   help="training configurations the CPU-sharing factor k is fitted on (default: "
+                        + ",".join(CPU_FIT) + "); the others are held out")
+    p.add_argument("--fits", metavar="FILE",
+                   help="fit nothing: predict the --measured rows with the fitted figures of this earlier output "
+                        "(validation on passes the fit never saw)")
     p.add_argument("--out", help="append measurements, fits and results to this file")
     p.add_argument("--python", default=sys.executable)
     p.add_argument("--timeout", type=int, default=7200, help="seconds per (hosts, rate) job")
     ns = p.parse_args(argv)
+    trainable = [c for c in POLICY_OF if not c.startswith("comm")]
+    bad = [c for c in ns.cpu_fit if c not in trainable]
+    if bad or not ns.cpu_fit:
+        p.error(f"--cpu-fit {','.join(ns.cpu_fit)}: expected training configurations among {','.join(trainable)}")
     table = simulate.load_table("resnet50")
+    try:
+        fixed = read_fits(ns.fits) if ns.fits else None
+    except (OSError, ValueError) as e:
+        p.error(f"--fits: {e}")
+    if fixed and not ns.measured:
+        p.error("--fits needs --measured (the rows to predict)")
     if ns.measured:
         rows = aggregate([r for path in ns.measured for r in read_measured(path)])
     else:
@@ -361,7 +421,8 @@ def main(argv=None):
     emit = []
     emit += [{"measured": r} for r in rows if not ns.measured]
     fits, results = validate(rows, table, ns.fit_hosts, cpu=ns.cpu, cores=ns.cores, alpha=ns.alpha,
-                             codec_sharing=ns.codec_sharing, thread_progress=bool(ns.thread_progress))
+                             codec_sharing=ns.codec_sharing, thread_progress=bool(ns.thread_progress),
+                             cpu_fit=tuple(ns.cpu_fit), fixed=fixed)
     emit += [{"fit": f} for f in fits.values()] + results + [summary(results)]
     for obj in emit:
         line = json.dumps(obj)

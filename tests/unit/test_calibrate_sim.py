@@ -103,8 +103,11 @@ def test_fit_monotone():
     assert calibrate_sim.fit_monotone(0.5, lambda x: 1 + x) == 0.0
 
 
-def test_round_trip_through_the_simulator(binary):
-    alpha, beta, kappa, codec = 20e-6, 8e-9, 0.3, 2e-8  # a codec slower than the link: it sets comm_bf16
+ALPHA, BETA, KAPPA, CODEC = 20e-6, 8e-9, 0.3, 2e-8  # a codec slower than the link: it sets comm_bf16
+
+
+def _made_rows(alpha=ALPHA, beta=BETA, kappa=KAPPA, codec=CODEC):
+    """Every configuration on 2 and 3 hosts, made by the simulator with these figures."""
     rows = []
     for h in (2, 3):
         rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": 0.06})
@@ -116,14 +119,87 @@ def test_round_trip_through_the_simulator(binary):
             t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config], k,
                                       codec=codec * calibrate_sim.ranks_per_core(h, 2), cpu="both")
             rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t})
+    return rows
+
+
+def test_round_trip_through_the_simulator(binary):
+    rows = _made_rows()
     fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)
     fit = fits["1gbit"]
-    assert fit["beta_s_per_byte"] == pytest.approx(beta, rel=0.1)
-    assert fit["cpu_factor"] == pytest.approx(kappa, rel=0.1)
-    assert fit["codec_s_per_byte"] == pytest.approx(codec, rel=0.1)
+    assert fit["beta_s_per_byte"] == pytest.approx(BETA, rel=0.1)
+    assert fit["cpu_factor"] == pytest.approx(KAPPA, rel=0.1)
+    assert fit["codec_s_per_byte"] == pytest.approx(CODEC, rel=0.1)
     assert len(results) == 12 and all(abs(r["error"]) < 0.02 for r in results)
+    # k is fitted on fifo, priority and overlap: only overlap_bf16 is held out
+    assert fit["cpu_fitted_on"] == ["fifo", "priority", "overlap"]
+    assert {r["config"] for r in results if not r["fitted_on"]} == {"overlap_bf16"}
     s = calibrate_sim.summary(results)["summary"]
-    assert s["held_out"] == 6 and s["held_out_within_10pct"] == 6 and s["all_within_10pct"] == 12
+    assert s["held_out"] == 2 and s["held_out_within_10pct"] == 2 and s["all_within_10pct"] == 12
+    # fitted on overlap alone, fifo and priority are held out too and come out the same
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2, cpu_fit=("overlap",))
+    assert fits["1gbit"]["cpu_factor"] == pytest.approx(KAPPA, rel=0.1)
+    assert calibrate_sim.summary(results)["summary"]["held_out"] == 6
+    assert all(abs(r["error"]) < 0.02 for r in results)
+
+
+def _policy_rows(kappas, compute=0.06, alpha=20e-6, beta=8e-9):
+    """Runs on 2 and 3 hosts in which each policy was made with its own k (kappas[config])."""
+    rows = []
+    for h in (2, 3):
+        rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": compute})
+        rows.append({"hosts": h, "rate": "1gbit", "config": "comm",
+                     "step_s": calibrate_sim.predict(TABLE, 0, h, alpha, beta, "overlap")})
+        for config, kappa in kappas.items():
+            k = kappa * calibrate_sim.ranks_per_core(h, 2)
+            rows.append({"hosts": h, "rate": "1gbit", "config": config,
+                         "step_s": calibrate_sim.predict(TABLE, compute, h, alpha, beta, config, k, cpu="both")})
+    return rows
+
+
+def test_k_is_one_figure_over_every_configuration_it_is_fitted_on(binary):
+    # overlap made with k = 0.6, fifo with k = 0.1: fitted on overlap alone k is overlap's; fitted
+    # on both it lies strictly between (least squares over the two)
+    rows = _policy_rows({"overlap": 0.6, "fifo": 0.1})
+    alone = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2, cpu_fit=("overlap",))[0]["1gbit"]["cpu_factor"]
+    both = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2, cpu_fit=("fifo", "overlap"))[0]["1gbit"]["cpu_factor"]
+    assert alone == pytest.approx(0.6, rel=0.1)
+    assert 0.15 < both < 0.55
+
+
+def test_fixed_figures_predict_new_runs_without_fitting(binary, tmp_path):
+    rows = _made_rows()
+    fit = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2)[0]["1gbit"]
+    out = tmp_path / "fit.jsonl"
+    out.write_text(json.dumps({"fit": fit}) + "\n" + json.dumps({"hosts": 2, "config": "fifo"}) + "\n")
+    fixed = calibrate_sim.read_fits(out)
+    assert fixed == {"1gbit": fit}
+    # the same machine, measured again: predicted within 2%, every row held out, the figures kept
+    fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], fixed=fixed)
+    assert fits["1gbit"]["cpu_factor"] == fit["cpu_factor"] and fits["1gbit"]["fixed"]
+    assert len(results) == 12 and not any(r["fitted_on"] for r in results)
+    assert all(abs(r["error"]) < 0.02 for r in results)
+    # runs of a machine whose cores are shared differently (k 0.6, the fit's 0.3): not refitted,
+    # so the training rows come out off
+    other = _policy_rows({"overlap": 0.6, "fifo": 0.6, "priority": 0.6})
+    fits, results = calibrate_sim.validate(other, TABLE, [2, 3], fixed=fixed)
+    assert fits["1gbit"]["cpu_factor"] == fit["cpu_factor"]
+    assert max(abs(r["error"]) for r in results if r["config"] != "comm") > 0.03
+
+
+def test_fits_file_is_checked(tmp_path, capsys):
+    empty = tmp_path / "nofit.jsonl"
+    empty.write_text(json.dumps({"hosts": 2}) + "\n")
+    with pytest.raises(SystemExit):
+        calibrate_sim.main(["--measured", str(empty), "--fits", str(empty)])
+    assert "no {\"fit\": ...} lines" in capsys.readouterr().err
+    good = tmp_path / "fit.jsonl"
+    good.write_text(json.dumps({"fit": {"rate": "1gbit"}}) + "\n")
+    with pytest.raises(SystemExit):
+        calibrate_sim.main(["--fits", str(good)])
+    assert "--fits needs --measured" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        calibrate_sim.main(["--measured", str(empty), "--cpu-fit", "comm"])
+    assert "--cpu-fit comm: expected training configurations" in capsys.readouterr().err
 
 
 def test_one_codec_figure_for_the_machine_from_two_link_rates(binary):
