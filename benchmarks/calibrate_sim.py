@@ -416,6 +416,9 @@ def main(argv=None):
         p.error("--fits needs --measured (the rows to predict)")
     if ns.measured:
         rows = aggregate([r for path in ns.measured for r in read_measured(path)])
+        unfitted = sorted({r["rate"] for r in rows} - set(fixed or {r["rate"] for r in rows}))
+        if unfitted:
+            p.error(f"--fits {ns.fits} has no fit for {','.join(unfitted)} (it has {','.join(sorted(fixed))})")
     else:
         rows = measure(ns)
     emit = []

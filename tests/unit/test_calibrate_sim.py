@@ -197,6 +197,11 @@ def test_fits_file_is_checked(tmp_path, capsys):
     with pytest.raises(SystemExit):
         calibrate_sim.main(["--fits", str(good)])
     assert "--fits needs --measured" in capsys.readouterr().err
+    runs = tmp_path / "runs.jsonl"
+    runs.write_text(json.dumps({"measured": {"hosts": 2, "rate": "10gbit", "config": "comm", "step_s": 0.1}}) + "\n")
+    with pytest.raises(SystemExit):
+        calibrate_sim.main(["--measured", str(runs), "--fits", str(good)])
+    assert "has no fit for 10gbit (it has 1gbit)" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         calibrate_sim.main(["--measured", str(empty), "--cpu-fit", "comm"])
     assert "--cpu-fit comm: expected training configurations" in capsys.readouterr().err
