@@ -248,10 +248,10 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
     machine the emulated hosts shared when measured (default: this one's); cpu_fit: the training
     configurations the CPU-sharing factor k is fitted on. fixed: {rate: fit} from an earlier
     validate (read_fits): nothing is fitted, every row is predicted with those figures and held out."""
-    if fixed:
-        some = next(iter(fixed.values()))
-        cores, alpha = some["cores"], some["alpha_s"]
-        codec_sharing, thread_progress, cpu = some["codec_sharing"], some["thread_progress"], some["cpu_model"]
+    if fixed:  # the machine-wide figures are the same in every rate's fit
+        first = next(iter(fixed.values()))
+        cores, alpha = first["cores"], first["alpha_s"]
+        codec_sharing, thread_progress, cpu = first["codec_sharing"], first["thread_progress"], first["cpu_model"]
     cores = cores or os.cpu_count()
     by = {(r["hosts"], r["rate"], r["config"]): r["step_s"] for r in rows}
     samples = {(r["hosts"], r["rate"], r["config"]): r.get("samples", 1) for r in rows}
@@ -262,20 +262,19 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
     computes_of = lambda h, rate, config: [c or by.get((h, rate, "compute"))  # noqa: E731
                                            for c in paired.get((h, rate, config), [None])]
     rates = sorted({r["rate"] for r in rows})
-    measured_betas = {}
-    for rate in rates if not fixed else ():
-        pts = [(h, fit_log_monotone(by[(h, rate, "comm")],
-                                    lambda b, h=h: predict(table, 0, h, alpha, b, "overlap", binary=binary)))
-               for h in fit_hosts if (h, rate, "comm") in by]
-        if pts:
-            measured_betas[rate] = pts
     if fixed:
         links = {rate: fixed[rate]["beta_s_per_byte"] for rate in rates if rate in fixed}
-        cpu_beta = some["cpu_beta_s_per_byte"]
-        measured_betas = {rate: sorted((int(h), b) for h, b in fixed[rate]["measured_betas"].items()) for rate in links}
-    elif not measured_betas:
-        return {}, []
+        cpu_beta = first["cpu_beta_s_per_byte"]
     else:
+        measured_betas = {}
+        for rate in rates:
+            pts = [(h, fit_log_monotone(by[(h, rate, "comm")],
+                                        lambda b, h=h: predict(table, 0, h, alpha, b, "overlap", binary=binary)))
+                   for h in fit_hosts if (h, rate, "comm") in by]
+            if pts:
+                measured_betas[rate] = pts
+        if not measured_betas:
+            return {}, []
         links, cpu_beta = fit_link_and_cpu(measured_betas, cores)
 
     cache = {}
@@ -304,7 +303,7 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
         return sum((simulated(rate, h, 0, "bf16", codec=c * ranks_per_core(h, cores)) / t - 1) ** 2
                    for rate, h, t in bf16)
 
-    codec = some["codec_s_per_byte"] if fixed else fit_least_squares(codec_loss, high=1e-6) if bf16 else 0.0
+    codec = first["codec_s_per_byte"] if fixed else fit_least_squares(codec_loss, high=1e-6) if bf16 else 0.0
     codec_of = lambda h: codec * ranks_per_core(h, cores)  # noqa: E731
     fits, out = {}, []
     for rate in rates:
@@ -322,14 +321,13 @@ def validate(rows, table, fit_hosts, binary=None, cpu="both", cores=None, alpha=
 
         kappa = fixed[rate]["cpu_factor"] if fixed else fit_least_squares(k_loss) if runs else 0.0
         kappa_of = lambda h: kappa * ranks_per_core(h, cores)  # noqa: E731
-        fits[rate] = {"rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
-                      "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
-                      "measured_betas": {str(h): b for h, b in measured_betas[rate]},
-                      "codec_s_per_byte": codec, "codec_sharing": codec_sharing, "cpu_model": cpu, "cpu_factor": kappa,
-                      "thread_progress": bool(thread_progress), "cpu_fitted_on": list(cpu_fit),
-                      "fitted_on_hosts": list(fit_hosts)}
-        if fixed:
-            fits[rate] = {**fixed[rate], "fixed": True}
+        fits[rate] = {**fixed[rate], "fixed": True} if fixed else {
+            "rate": rate, "alpha_s": alpha, "beta_s_per_byte": links[rate], "algbw_gbit": 8 / links[rate] / 1e9,
+            "cpu_beta_s_per_byte": cpu_beta, "cores": cores,
+            "measured_betas": {str(h): b for h, b in measured_betas[rate]},
+            "codec_s_per_byte": codec, "codec_sharing": codec_sharing, "cpu_model": cpu, "cpu_factor": kappa,
+            "thread_progress": bool(thread_progress), "cpu_fitted_on": list(cpu_fit),
+            "fitted_on_hosts": list(fit_hosts)}
         for (h, r8, config), measured in sorted(by.items()):
             if r8 != rate or config not in POLICY_OF or (config not in ("comm", "comm_bf16")
                                                          and (h, rate, "compute") not in by):
@@ -416,7 +414,7 @@ def main(argv=None):
         p.error("--fits needs --measured (the rows to predict)")
     if ns.measured:
         rows = aggregate([r for path in ns.measured for r in read_measured(path)])
-        unfitted = sorted({r["rate"] for r in rows} - set(fixed or {r["rate"] for r in rows}))
+        unfitted = sorted({r["rate"] for r in rows} - fixed.keys()) if fixed else []
         if unfitted:
             p.error(f"--fits {ns.fits} has no fit for {','.join(unfitted)} (it has {','.join(sorted(fixed))})")
     else:
