@@ -12,20 +12,20 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "mlsl_tf._library": ["settings", "stats"],
     "mlsl_tf.basics": ["NotInitializedError", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-                       "gloo_built", "gloo_enabled", "init", "is_initialized", "local_rank", "local_size",
+                       "gloo_built", "gloo_enabled", "is_initialized", "local_rank", "local_size",
                        "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
                        "shutdown", "size"],
     "mlsl_tf.compression": ["Compression"],
     "mlsl_tf.functions": ["allgather_object", "broadcast_", "broadcast_global_variables", "broadcast_object",
                           "broadcast_object_fn", "broadcast_variables"],
-    "mlsl_tf.groups": ["Group", "ProcessSet", "add_process_set", "global_process_set", "process_set_by_id",
+    "mlsl_tf.groups": ["Group", "ProcessSet", "add_process_set", "global_process_set", "init", "process_set_by_id",
                        "process_sets", "remove_process_set"],
-    "mlsl_tf.optimizer": ["DistributedOptimizer"],
+    "mlsl_tf.optimizers": ["DistributedOptimizer"],
     "mlsl_tf.tape": ["DistributedGradientTape", "PartialDistributedGradientTape"],
     "mlsl_tf.keras.sync_batch_norm": ["SyncBatchNormalization"],
     "mlsl_tf.ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "alltoall",
                     "barrier", "broadcast", "grouped_allgather", "grouped_allreduce", "grouped_reducescatter", "join", "local_rank_op", "local_size_op",
-                    "rank_op", "reducescatter", "size_op"],
+                    "process_set_included_op", "rank_op", "reducescatter", "size_op"],
 }
 # submodules reachable as attributes (mlsl_tf.groups.grid, mlsl_tf.parallel.all_gather)
 _SUBMODULES = ["elastic", "groups", "parallel"]

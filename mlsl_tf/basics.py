@@ -51,9 +51,10 @@ def _exit_promptly_on_error(previous):
     return hook
 
 
-def init(comm=None, process_sets=None):
+def init(comm=None):
     """Starts the runtime: initialises MPI if needed (or reuses the one mpi4py initialised) and
-    the background thread. Collective over all ranks. Calling it again is harmless."""
+    the background thread. Collective over all ranks. Calling it again is harmless. The public
+    mlsl_tf.init (mlsl_tf/groups.py) calls this, then registers Horovod's static process sets."""
     if comm is not None:
         try:
             from mpi4py import MPI
@@ -61,8 +62,6 @@ def init(comm=None, process_sets=None):
             MPI = None
         if MPI is None or comm != MPI.COMM_WORLD:
             raise ValueError("mlsl_tf.init(comm=...) supports only None or mpi4py's MPI.COMM_WORLD")
-    if process_sets is not None:
-        raise ValueError("mlsl_tf.init(process_sets=...) is not supported yet; create groups after init")
     lib = _library.c_api()
     if lib.mlsl_tf_init() != 0:
         raise RuntimeError("mlsl_tf.init() failed: " + _library.last_error())

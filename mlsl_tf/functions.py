@@ -28,20 +28,29 @@ def _placement(v, root_rank, process_set):
 
 def broadcast_variables(variables, root_rank, process_set=None):
     """Assigns root_rank's value to each variable on every rank (all broadcasts in flight at once).
-    Variables sharded by model-parallel layers are broadcast within their data-parallel group."""
+    Variables sharded by model-parallel layers are broadcast within their data-parallel group.
+    Eager: returns None once every variable has its new value. Building a graph (inside a
+    tf.function or a TF1 graph): returns the op that does it, as Horovod does."""
     variables = list(variables)
-    if not variables:
-        return
     placements = [_placement(v, root_rank, process_set) for v in variables]
 
-    @tf.function
-    def _broadcast():
+    def assign_all():
+        assigns = []
         for i, (v, (group, root)) in enumerate(zip(variables, placements)):
             vname = getattr(v, "path", None) or v.name
-            v.assign(ops.broadcast(v, root, name=f"mlsl.broadcast_variables.{i}.{ops._normalize_name(vname)}",
-                                   ignore_name_scope=True, process_set=group))
+            assigns.append(v.assign(ops.broadcast(
+                v, root, name=f"mlsl.broadcast_variables.{i}.{ops._normalize_name(vname)}", ignore_name_scope=True,
+                process_set=group)))
+        return tf.group(*assigns)
 
-    _broadcast()
+    if not tf.executing_eagerly():
+        return assign_all()
+    if variables:
+        @tf.function
+        def run():
+            assign_all()  # a tf.function returns tensors, not the grouping op
+
+        run()
 
 
 def broadcast_(variables, root_rank, name=None, process_set=None):

@@ -16,7 +16,7 @@ After mlsl_tf.shutdown() the core forgets its groups; groups made before are the
 import collections
 import ctypes
 
-from mlsl_tf import _library
+from mlsl_tf import _library, basics
 from mlsl_tf.basics import rank as _world_rank
 from mlsl_tf.basics import size as _world_size
 
@@ -29,6 +29,9 @@ class ProcessSet:
     process_set_id = None
 
     def __init__(self, ranks):
+        if type(ranks).__module__.startswith("mpi4py"):
+            raise NotImplementedError("mlsl_tf makes process sets from lists of world ranks, not from MPI "
+                                      "communicators: pass the communicator's world ranks")
         try:
             ranks = list(ranks)
         except TypeError:
@@ -53,9 +56,7 @@ class ProcessSet:
         return len(self.ranks)
 
     def included(self):
-        """Whether this rank is a member; None while the group is not registered."""
-        if self.process_set_id is None:
-            return None
+        """Whether this rank is a member (as Horovod: known from the ranks, registered or not)."""
         return _world_rank() in self.ranks
 
     def rank(self):
@@ -73,7 +74,8 @@ class ProcessSet:
         self.process_set_id = None
 
     def __repr__(self):
-        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks})"
+        # Horovod's form; mpi_comm is always None (sets are made from lists of ranks)
+        return f"ProcessSet(process_set_id={self.process_set_id}, ranks={self.ranks}, mpi_comm=None)"
 
     __str__ = __repr__
 
@@ -113,6 +115,32 @@ def _c_api():
     return lib
 
 
+def init(comm=None, process_sets=None):
+    """Starts mlsl_tf (mlsl_tf.basics.init) and registers `process_sets`, Horovod's static process
+    sets: a list of ProcessSet objects (every rank passes the same list), or "dynamic" (none now;
+    sets are added later with add_process_set). Each gets its process_set_id; a set whose ranks
+    are the whole world, or those of an earlier entry, is a duplicate: ValueError on every rank.
+    A second init() registers the sets not registered yet."""
+    sets = [] if process_sets is None or (isinstance(process_sets, str) and process_sets.lower() == "dynamic") \
+        else process_sets
+    if isinstance(sets, (str, ProcessSet)) or not all(isinstance(ps, ProcessSet) for ps in list(sets)):
+        raise ValueError(f"init: process_sets must be a list of mlsl_tf.ProcessSet or 'dynamic', got {process_sets!r}")
+    sets = list(sets)
+    basics.init(comm)
+    for index, ps in enumerate(sets):
+        existing = _find_registered(ps.ranks)
+        if existing is not None and ps.process_set_id == existing.process_set_id:
+            continue  # registered by an earlier init
+        if existing is not None or ps.process_set_id is not None:
+            raise ValueError(f"init: process_sets entry number {index} is a duplicate of {existing or ps}")
+        add_process_set(ps)
+
+
+def ids_and_ranks():
+    """{process_set_id: ranks} of every registered process set, the global one (0) included."""
+    return {ps.process_set_id: ps.ranks for ps in process_sets()}
+
+
 def add_process_set(process_set):
     """Registers `process_set` (a ProcessSet or a list of ranks) with the core and returns it
     with its process_set_id set. Collective: every rank calls it in the same order with the same
@@ -145,6 +173,8 @@ def add_process_set(process_set):
 def remove_process_set(process_set):
     """Removes a registered group (collective, like add_process_set) and invalidates every
     object registered with its id. Returns False for the global set (never removed), else True."""
+    if isinstance(process_set, ProcessSet) and process_set.process_set_id is None:
+        return False  # as Horovod: never registered, or removed already
     group_id = _group_id_of(process_set)
     if group_id == 0:
         return False
@@ -162,10 +192,15 @@ def _group_id_of(process_set):
         if process_set.process_set_id is None:
             raise ValueError(f"{process_set} is not registered (create it with mlsl_tf.Group(ranks) or "
                              "add_process_set, and not after remove_process_set or shutdown)")
-        return process_set.process_set_id
-    if isinstance(process_set, bool) or not isinstance(process_set, int):
+        group_id = process_set.process_set_id
+    elif isinstance(process_set, bool) or not isinstance(process_set, int):
         raise ValueError(f"expected a group (mlsl_tf.Group / ProcessSet) or its id, got {process_set!r}")
-    return process_set
+    else:
+        group_id = process_set
+    if group_id != 0 and group_id not in _registered:
+        raise ValueError(f"process set id {group_id} is not registered on this rank (known ids: "
+                         f"{sorted([0] + list(_registered))})")
+    return group_id
 
 
 def Group(ranks):

@@ -80,6 +80,15 @@ def _group_id(process_set):
     return _group_id_of(process_set)
 
 
+def process_set_included(process_set):
+    """Whether this rank is a member of `process_set` (a ProcessSet or its id; None: the world)."""
+    group_id = _group_id(process_set)
+    if group_id == 0:
+        return True
+    from mlsl_tf.groups import process_set_by_id
+    return rank() in process_set_by_id(group_id).ranks
+
+
 def _group_rank_and_size(process_set):
     """This rank's index in the group and the group's size (the world's for None / id 0)."""
     group_id = _group_id(process_set)
@@ -300,8 +309,18 @@ def local_rank_op(name=None):
 
 
 def size_op(process_set_id=0, name=None):
-    """The number of ranks (of group `process_set_id`) as an int32 scalar tensor."""
-    return tf.constant(_group_rank_and_size(process_set_id)[1], tf.int32, name=name)
+    """The number of ranks (of group `process_set_id`, also on a rank outside it) as an int32
+    scalar tensor."""
+    if _group_id(process_set_id) == 0:
+        return tf.constant(size(), tf.int32, name=name)
+    from mlsl_tf.groups import process_set_by_id
+    return tf.constant(len(process_set_by_id(process_set_id).ranks), tf.int32, name=name)
+
+
+def process_set_included_op(process_set_id=0, name=None):
+    """1 when this rank is a member of group `process_set_id`, else 0, as an int32 scalar tensor
+    (an id that is not registered: ValueError)."""
+    return tf.constant(int(process_set_included(process_set_id)), tf.int32, name=name)
 
 
 def local_size_op(name=None):

@@ -92,6 +92,12 @@ class ReduceOptions:
             out.append([p for p in members if p is not None and grads[p] is not None])
         return out
 
+    def member(self):
+        """Whether this rank takes part in the reduction: on a rank outside `process_set`, as in
+        Horovod, the gradients stay local."""
+        return self.process_set is None or ops._group_id(self.process_set) == 0 or \
+            ops.process_set_included(self.process_set)
+
     def reduce(self, grads, indices, index_of=None):
         """Returns the reduced `grads` (None stays None). indices[p] is gradient p's variable
         index: its priority and its name. Dense gradients are allreduced, IndexedSlices
@@ -148,7 +154,8 @@ class _DistributedOptimizer:
             return
         options = self._mlsl_options
         keras_variables = all(isinstance(v, keras_variable_class()) for v in self._trainable_variables)
-        reason = ("backward_passes_per_step > 1" if self._mlsl_passes > 1 else
+        reason = ("this rank is not in the process set" if not options.member() else
+                  "backward_passes_per_step > 1" if self._mlsl_passes > 1 else
                   "num_groups/groups fuse gradients across variables" if options.groups else
                   "a variable is not a Keras variable" if not keras_variables else
                   overlap.why_not_deferred(self, _base_class(self)))
@@ -184,6 +191,8 @@ class _DistributedOptimizer:
 
     def _mlsl_reduce(self, grads, variables, indices):
         """The gradients reduced over the ranks, except those of local variables."""
+        if not self._mlsl_options.member():
+            return list(grads)
         mine = self.__dict__.get("_mlsl_local_vars", set())
         is_local = [id(v) in mine for v in variables]
         shared = [None if local else g for g, local in zip(grads, is_local)]
@@ -198,6 +207,16 @@ class _DistributedOptimizer:
                     g = tf.convert_to_tensor(g) / tf.cast(count, g.dtype)
                 out[p] = g
         return out
+
+    def get_gradients(self, loss, params):
+        """Horovod's Keras hook, for optimizers that define get_gradients: their gradients,
+        reduced over the ranks (named by position in `params`)."""
+        base = getattr(super(), "get_gradients", None)
+        if base is None:
+            raise AttributeError(f"{type(self).__name__} has no get_gradients (Keras 3 optimizers compute "
+                                 "gradients with a tf.GradientTape)")
+        params = list(params)
+        return self._mlsl_reduce(list(base(loss, params)), params, list(range(len(params))))
 
     def apply(self, grads, trainable_variables=None):
         grads = list(grads)

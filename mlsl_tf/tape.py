@@ -17,6 +17,8 @@ class _DistributedGradientTape:
                  unconnected_gradients=tf.UnconnectedGradients.NONE):
         grads = super().gradient(target, sources, output_gradients=output_gradients,
                                  unconnected_gradients=unconnected_gradients)
+        if not self._mlsl_options.member():
+            return grads  # as Horovod: a rank outside the process set keeps its own gradients
         flat_sources = tf.nest.flatten(sources)
         check_reduction_group(flat_sources, self._mlsl_options.process_set)
         flat_grads = tf.nest.flatten(grads, expand_composites=False)

@@ -9,11 +9,12 @@ it on every rank again."""
 
 import keras
 
-from mlsl_tf import basics
+from mlsl_tf import groups
 from mlsl_tf.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size, mpi_threads_supported,
                             rank, set_progress_output, shutdown, size)
 from mlsl_tf.compression import Compression
 from mlsl_tf.functions import allgather_object, broadcast_object, broadcast_variables
+from mlsl_tf.groups import ProcessSet, add_process_set, global_process_set, remove_process_set
 from mlsl_tf.keras import callbacks, elastic
 from mlsl_tf.ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier, broadcast,
                          grouped_allreduce, join, reducescatter)
@@ -22,8 +23,9 @@ from mlsl_tf.tape import DistributedGradientTape
 
 
 def init(*args, **kwargs):
-    """mlsl_tf.init (same arguments), then `set_progress_output(0)`: Keras prints on rank 0 only."""
-    basics.init(*args, **kwargs)
+    """mlsl_tf.init (same arguments: comm, process_sets), then `set_progress_output(0)`: Keras
+    prints on rank 0 only."""
+    groups.init(*args, **kwargs)
     set_progress_output(0)
 
 
@@ -65,7 +67,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 __all__ = [
     "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min",
-    "PartialDistributedOptimizer", "Product", "Sum",
+    "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum", "add_process_set", "global_process_set",
+    "remove_process_set",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",
     "broadcast_variables", "callbacks", "cross_rank", "cross_size", "grouped_allreduce", "init", "is_distributed",
     "is_initialized", "join", "load_model", "local_rank", "local_size", "mpi_threads_supported", "rank",

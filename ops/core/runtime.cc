@@ -284,7 +284,10 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
     return;
   }
   // Names are per group: the same program runs in every group (e.g. a model-parallel layer).
-  if (r->group != 0) r->name += " (group " + std::to_string(r->group) + ")";
+  if (r->group != 0) {
+    int generation = groups_[r->group]->generation;
+    r->name += " (group " + std::to_string(r->group) + (generation ? "." + std::to_string(generation) : "") + ")";
+  }
   if (pending_.count(r->name)) {
     r->done(Status::InvalidArgument("mlsl_tf: a collective named '" + ShownName(r->name) + "' is already pending on rank " +
                                     std::to_string(rank_) + "; concurrent collectives need distinct names"));
@@ -514,9 +517,17 @@ void Runtime::ChangeGroups(const RequestMeta& meta, Request* mine) {
       g->comm = g->own.get();
       Equip(g.get(), &timeline_, &stats_, options_);
     }
-    result = int32_t(groups_.size());
+    // As Horovod: the lowest id no live group has. A reused id's collectives get names of their
+    // own generation, so no name the removed group agreed on is taken for one of the new group.
+    result = 1;
+    while (result < int32_t(groups_.size()) && !groups_[result]->removed) ++result;
     coordinator_.SetGroup(result, g->ranks);
-    groups_.push_back(std::move(g));
+    if (result < int32_t(groups_.size())) {
+      g->generation = groups_[result]->generation + 1;
+      groups_[result] = std::move(g);
+    } else {
+      groups_.push_back(std::move(g));
+    }
   } else {
     int32_t id = meta.root;
     if (id <= 0 || id >= int32_t(groups_.size()) || groups_[id]->removed) {

@@ -82,6 +82,7 @@ class Runtime {
     std::vector<int> ranks;  // world ranks, sorted
     int index = -1;          // this rank's position in ranks; -1 when not a member
     bool removed = false;
+    int generation = 0;      // how many removed groups had this id before (ids are reused, lowest first)
     std::unique_ptr<Communicator> own;  // null for the world and on non-members
     Communicator* comm = nullptr;
     std::unique_ptr<Executor> executor;

@@ -27,12 +27,19 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-FILES = ("test_tensorflow.py", "test_tensorflow2_keras.py")
+# Every TensorFlow file of Horovod's test/parallel/. A "+tf_keras" suffix runs the file again under
+# Keras 2 (tf_keras, TF_USE_LEGACY_KERAS=1), with no skip list.
+FILES = ("test_tensorflow.py", "test_tensorflow2_keras.py", "test_tensorflow2_keras.py+tf_keras",
+         "test_tensorflow_process_sets.py", "test_tensorflow_process_sets_dynamic.py",
+         "test_tensorflow2_keras_process_sets.py", "test_tensorflow2_keras_process_sets.py+tf_keras",
+         "test_adasum_tensorflow.py", "test_xla.py",
+         "test_xla_process_sets.py")
+FLAVOURS = {"": {}, "tf_keras": {"TF_USE_LEGACY_KERAS": "1", "HVD_SUITE_NO_SKIPS": "1"}}
 NEEDS = ("parameterized", "mock", "cloudpickle", "packaging")  # what the suite imports besides TF
 
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from skips import DIFFERENT, HOROVOD_FAILS_TOO, SKIPS  # noqa: E402
+from skips import DIFFERENT, HOROVOD_FAILS_TOO, NUMPY2, SKIPS  # noqa: E402
 
 
 def method_outcomes(prefix, np_):
@@ -74,8 +81,18 @@ def method_outcomes(prefix, np_):
     return result
 
 
-def run_file(test_dir, test_file, np_, out_dir, timeout, extra, horovod_python=None):
-    prefix = out_dir / f"{pathlib.Path(test_file).stem}.np{np_}{'.horovod' if horovod_python else ''}"
+def split_entry(entry):
+    """'test_x.py+tf_keras' -> ('test_x.py', 'tf_keras'); 'test_x.py' -> ('test_x.py', '')."""
+    test_file, _, flavour = entry.partition("+")
+    if flavour not in FLAVOURS:
+        raise ValueError(f"unknown flavour {flavour!r} in {entry!r}; known: {sorted(f for f in FLAVOURS if f)}")
+    return test_file, flavour
+
+
+def run_file(test_dir, entry, np_, out_dir, timeout, extra, horovod_python=None):
+    test_file, flavour = split_entry(entry)
+    tag = f".{flavour}" if flavour else ""
+    prefix = out_dir / f"{pathlib.Path(test_file).stem}{tag}.np{np_}{'.horovod' if horovod_python else ''}"
     for old in out_dir.glob(f"{prefix.name}.rank*.jsonl"):
         old.unlink()
     env = dict(os.environ)
@@ -84,6 +101,7 @@ def run_file(test_dir, test_file, np_, out_dir, timeout, extra, horovod_python=N
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     env.pop("HOROVOD_TEST_GPU", None)
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    env.update(FLAVOURS[flavour])
     if horovod_python:
         env["HVD_SUITE_NO_SKIPS"] = "1"
         mpiexec = pathlib.Path(horovod_python).parent / "mpiexec"
@@ -106,13 +124,15 @@ def run_file(test_dir, test_file, np_, out_dir, timeout, extra, horovod_python=N
     seconds = time.time() - start
     outcomes = method_outcomes(prefix, np_)
     for m, (outcome, message) in list(outcomes.items()):
-        if outcome == "failed" and (test_file, m) in DIFFERENT and not horovod_python:
+        if outcome == "failed" and (test_file, m) in DIFFERENT and not horovod_python and not flavour:
             outcomes[m] = ("different", f"deliberate difference: {DIFFERENT[(test_file, m)]} ({message})")
         elif outcome == "failed" and (test_file, m, np_) in HOROVOD_FAILS_TOO and not horovod_python:
             outcomes[m] = ("horovod_fails_too", f"{HOROVOD_FAILS_TOO[(test_file, m, np_)]} ({message})")
+        elif outcome == "failed" and (test_file, m) in NUMPY2 and "np.float16(0.0) not less than 1e-08" in message:
+            outcomes[m] = ("numpy2", f"{NUMPY2[(test_file, m)]} ({message})")
     with open(f"{prefix}.jsonl", "w") as f:
         for m, (outcome, message) in outcomes.items():
-            f.write(json.dumps({"file": test_file, "np": np_, "method": m, "outcome": outcome,
+            f.write(json.dumps({"file": entry, "np": np_, "method": m, "outcome": outcome,
                                 "message": message}) + "\n")
     return outcomes, seconds, hung, proc.returncode
 
@@ -145,19 +165,20 @@ def main():
         outcomes, seconds, hung, rc = run_file(test_dir, test_file, np_, args.out, args.timeout, args.pytest_args,
                                                horovod_python)
         counts = collections.Counter(o for o, _ in outcomes.values())
-        listed = 0 if horovod_python else sum(1 for (f, m) in SKIPS
-                                              if f == test_file and outcomes.get(m, ("",))[0] == "skipped")
+        listed = 0 if horovod_python or "+" in test_file else sum(
+            1 for (f, m) in SKIPS if f == test_file and outcomes.get(m, ("",))[0] == "skipped")
         line = {"library": "horovod" if horovod_python else "mlsl_tf", "file": test_file, "np": np_,
                 "methods": len(outcomes), "passed": counts["passed"],
                 "failed": counts["failed"], "different": counts["different"],
-                "horovod_fails_too": counts["horovod_fails_too"], "skipped": counts["skipped"],
+                "horovod_fails_too": counts["horovod_fails_too"], "numpy2": counts["numpy2"],
+                "skipped": counts["skipped"],
                 "skipped_by_list": listed, "unfinished": counts["unfinished"], "hung": hung,
                 "seconds": round(seconds, 1)}
         print(json.dumps(line), flush=True)
         if not horovod_python:
             totals_ok &= not (hung or counts["failed"] or counts["unfinished"])
         for m, (outcome, message) in outcomes.items():
-            if outcome in ("failed", "unfinished", "different", "horovod_fails_too") and (args.verbose or counts[outcome] <= 40):
+            if outcome in ("failed", "unfinished", "different", "horovod_fails_too", "numpy2") and (args.verbose or counts[outcome] <= 40):
                 print(f"  {outcome:10s} {m}: {message}", flush=True)
     return 0 if totals_ok else 1
 

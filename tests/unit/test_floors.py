@@ -23,8 +23,10 @@ FLOORS = {
     "mlsl_tf.parallel": 5,      # model-parallel ops
     "mlsl_tf.functions": 5,     # broadcast_variables, *_object
     "mlsl_tf.optimizer": 6,     # DistributedOptimizer
+    "mlsl_tf.optimizer_v1": 7,  # DistributedOptimizer over TensorFlow 1 optimizers
     "mlsl_tf.tape": 7,          # DistributedGradientTape
     "mlsl_tf.elastic": 7,       # elastic state objects on a fixed job
+    "mlsl_tf.optimizers": 8,    # DistributedOptimizer for any optimizer (picks the wrapper)
     "mlsl_tf.keras.layers": 8,
     "mlsl_tf.keras.callbacks": 8,
     "mlsl_tf.keras.sync_batch_norm": 8,

@@ -37,7 +37,9 @@ def test_global_process_set():
 def test_process_set_validation():
     ps = hvd.ProcessSet([3, 1, 2])
     assert ps.ranks == [1, 2, 3] and ps.process_set_id is None
-    assert ps.size() is None and ps.rank() is None and ps.included() is None
+    assert ps.size() is None and ps.rank() is None
+    # as Horovod: membership is known from the ranks, registered or not (this rank is 0)
+    assert ps.included() is False and hvd.ProcessSet([0]).included() is True
     with pytest.raises(ValueError, match="list of ranks"):
         hvd.ProcessSet(3)
     with pytest.raises(ValueError, match="must be ints"):
