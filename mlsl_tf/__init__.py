@@ -14,7 +14,7 @@ _EXPORTS = {
     "mlsl_tf.basics": ["NotInitializedError", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
                        "gloo_built", "gloo_enabled", "is_initialized", "local_rank", "local_size",
                        "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
-                       "shutdown", "size"],
+                       "shutdown", "size", "start_timeline", "stop_timeline"],
     "mlsl_tf.compression": ["Compression"],
     "mlsl_tf.functions": ["allgather_object", "broadcast_", "broadcast_global_variables", "broadcast_object",
                           "broadcast_object_fn", "broadcast_variables"],

@@ -41,9 +41,13 @@ def c_api():
     for fn in ("last_error", "stats_json"):
         getattr(lib, "mlsl_tf_" + fn).restype = ctypes.c_char_p
         getattr(lib, "mlsl_tf_" + fn).argtypes = []
-    for fn in ("name", "default", "doc", "allowed"):
+    for fn in ("name", "default", "doc", "allowed", "alias"):
         getattr(lib, "mlsl_tf_setting_" + fn).restype = ctypes.c_char_p
         getattr(lib, "mlsl_tf_setting_" + fn).argtypes = [ctypes.c_int]
+    lib.mlsl_tf_start_timeline.restype = ctypes.c_int
+    lib.mlsl_tf_start_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.mlsl_tf_stop_timeline.restype = ctypes.c_int
+    lib.mlsl_tf_stop_timeline.argtypes = []
     return lib
 
 
@@ -56,13 +60,16 @@ Setting = collections.namedtuple("Setting", "default doc value allowed")
 
 def settings():
     """Every MLSL_TF_* setting the library declares: {name: Setting(default, doc, current value,
-    what it allows)}. init() refuses values it does not allow."""
+    what it allows)}. init() refuses values it does not allow. The value of a setting with a
+    Horovod alias (MLSL_TF_TIMELINE: HOROVOD_TIMELINE) comes from the alias when only that is set."""
     lib = c_api()
     out = {}
     for i in range(lib.mlsl_tf_setting_count()):
         name = lib.mlsl_tf_setting_name(i).decode()
         default = lib.mlsl_tf_setting_default(i).decode()
-        out[name] = Setting(default, lib.mlsl_tf_setting_doc(i).decode(), os.environ.get(name) or default,
+        alias = lib.mlsl_tf_setting_alias(i).decode()
+        value = os.environ.get(name) or (alias and os.environ.get(alias)) or default
+        out[name] = Setting(default, lib.mlsl_tf_setting_doc(i).decode(), value,
                             lib.mlsl_tf_setting_allowed(i).decode())
     return out
 

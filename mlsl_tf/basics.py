@@ -119,6 +119,34 @@ def shutdown():
         groups._forget_all()  # the core forgot them
 
 
+def start_timeline(file_path, mark_cycles=False):
+    """Starts writing a Chrome-trace timeline to `file_path`, as Horovod's hvd.start_timeline:
+    rank 0 writes it (every rank when the path holds '{rank}', replaced by the rank); the other
+    ranks only note mark_cycles. Not collective. The file is a valid trace while the job runs
+    (flushed every few tens of ms) and complete after stop_timeline() or shutdown(). Another
+    path closes the file being written and starts the new one; the same path again keeps
+    writing it and only changes mark_cycles (CYCLE_START marks of every background cycle).
+    Raises NotInitializedError (a ValueError, as Horovod) before init(), and an OSError naming
+    the file when this rank cannot create it."""
+    import ctypes
+
+    lib = _library.c_api()
+    os_error = ctypes.c_int(0)
+    rc = lib.mlsl_tf_start_timeline(os.fsencode(file_path), int(bool(mark_cycles)), ctypes.byref(os_error))
+    if rc == -1:
+        raise NotInitializedError(_library.last_error())
+    if rc != 0:
+        raise OSError(os_error.value, "mlsl_tf.start_timeline: " + _library.last_error())
+
+
+def stop_timeline():
+    """Stops the timeline started by start_timeline (or MLSL_TF_TIMELINE / HOROVOD_TIMELINE):
+    the file is complete when it returns. Nothing to stop is no error (as Horovod). Raises
+    NotInitializedError before init()."""
+    if _library.c_api().mlsl_tf_stop_timeline() != 0:
+        raise NotInitializedError(_library.last_error())
+
+
 def is_initialized():
     return bool(_library.c_api().mlsl_tf_is_initialized())
 

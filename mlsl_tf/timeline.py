@@ -17,6 +17,15 @@ What the core writes (ops/core/scheduler.cc), per rank (pid):
                  produced the gradient; cross-iteration overlap, mlsl_tf/overlap.py)
   i "take"       lane "framework": that result was handed to the graph that asked for it (the
                  next forward pass reached the variable)
+and Horovod's names (category "horovod", args tensor), one lane per tensor ("allreduce.grad_3"):
+  X NEGOTIATE_ALLREDUCE (_BROADCAST, _ALLGATHER, ...): submitted -> agreed by every rank
+  X ALLREDUCE (BROADCAST, ALLGATHER, ALLTOALL, REDUCESCATTER, BARRIER): agreed -> done, with
+                 X QUEUE inside it until the transfer started
+  i CYCLE_START  a background cycle began (mark_cycles / HOROVOD_TIMELINE_MARK_CYCLES)
+(Trace.activities and Trace.cycle_starts; the chart and summary use mlsl_tf's own events).
+The file is a valid trace while the job runs: the core rewrites the closing "]" after the
+events it adds; a file read in the middle of a write (or cut short) loads up to its last
+whole event.
 The chart has one row per in-flight slot (chunks coloured by priority) above one row per
 tensor (negotiate / queue / transfer / done), with the preemptions marked on both.
 Standard library only, except matplotlib for the PNG.
@@ -68,20 +77,31 @@ class Trace:
     spans: list
     instants: list
     lanes: dict     # (pid, tid) -> lane name
+    # Horovod's names: Span(tensor name, activity ("NEGOTIATE_ALLREDUCE", "ALLREDUCE", "QUEUE"),
+    # ...), and the CYCLE_START marks as Instant(..., kind "CYCLE_START", ...)
+    activities: list = dataclasses.field(default_factory=list)
+    cycle_starts: list = dataclasses.field(default_factory=list)
 
     def pids(self):
         return sorted({s.pid for s in self.spans} | {i.pid for i in self.instants})
 
     def for_rank(self, pid):
         return Trace([s for s in self.spans if s.pid == pid], [i for i in self.instants if i.pid == pid],
-                     {k: v for k, v in self.lanes.items() if k[0] == pid})
+                     {k: v for k, v in self.lanes.items() if k[0] == pid},
+                     [a for a in self.activities if a.pid == pid], [c for c in self.cycle_starts if c.pid == pid])
 
     def window(self, start_us=None, end_us=None):
         """The events overlapping [start_us, end_us] (either end open when None)."""
         lo = float("-inf") if start_us is None else start_us
         hi = float("inf") if end_us is None else end_us
         return Trace([s for s in self.spans if s.end_us >= lo and s.start_us <= hi],
-                     [i for i in self.instants if lo <= i.at_us <= hi], dict(self.lanes))
+                     [i for i in self.instants if lo <= i.at_us <= hi], dict(self.lanes),
+                     [a for a in self.activities if a.end_us >= lo and a.start_us <= hi],
+                     [c for c in self.cycle_starts if lo <= c.at_us <= hi])
+
+    def activity(self, name, tensor=None):
+        """The Horovod-named spans called `name` ("ALLREDUCE", ...), of `tensor` when given."""
+        return [a for a in self.activities if a.phase == name and (tensor is None or a.name == tensor)]
 
     def chunks(self):
         return [s for s in self.spans if s.phase == "chunk"]
@@ -96,19 +116,36 @@ def split_label(label):
     return (m.group(2), int(m.group(1))) if m else (label, 1)
 
 
+def _cut_short(text):
+    """The events of a JSON array not closed: a file cut short (a process that died before
+    closing it) or read while the core was adding events. Chrome's trace format allows a missing
+    closing bracket; the core writes one event per line, so a line written only in part is
+    dropped (up to two, the closing bracket's and the event's)."""
+    body = text.rstrip()
+    for _ in range(3):
+        body = body.rstrip().rstrip(",")
+        try:
+            return json.loads(body + ("" if body.endswith("]") else "\n]"))
+        except json.JSONDecodeError as e:
+            error = e
+            cut = body.rfind("\n")
+            if cut <= 0:
+                break
+            body = body[:cut]
+    raise error
+
+
 def load_events(path):
-    """The event list of a trace file. Tolerates a file cut short (a process that died before
-    closing it): Chrome's trace format allows a missing closing bracket."""
+    """The event list of a trace file, also one not closed yet (see _cut_short)."""
     with open(path) as f:
         text = f.read()
     try:
         data = json.loads(text)
     except json.JSONDecodeError:
-        body = text.rstrip().rstrip(",")
-        if not body.startswith("["):
+        if not text.lstrip().startswith("["):
             raise ValueError(f"{path}: not a Chrome-trace JSON array") from None
         try:
-            data = json.loads(body + ("" if body.endswith("]") else "]"))
+            data = _cut_short(text)
         except json.JSONDecodeError as e:
             raise ValueError(f"{path}: not a Chrome-trace JSON file ({e})") from None
     if isinstance(data, dict):
@@ -124,7 +161,7 @@ def parse(events):
     for e in events:
         if e.get("ph") == "M" and e.get("name") == "thread_name":
             lanes[(int(e.get("pid", 0)), int(e.get("tid", 0)))] = str(e.get("args", {}).get("name", ""))
-    spans, instants = [], []
+    spans, instants, activities, cycles = [], [], [], []
     for e in events:
         ph, cat = e.get("ph"), e.get("cat")
         if ph not in ("X", "i") or cat is None or "ts" not in e:
@@ -132,6 +169,13 @@ def parse(events):
         pid, tid = int(e.get("pid", 0)), int(e.get("tid", 0))
         lane = lanes.get((pid, tid), f"lane {tid}")
         args = e.get("args") or {}
+        if cat == "horovod":
+            if ph == "X":
+                activities.append(Span(str(args.get("tensor", lane)), str(e["name"]), pid, lane, float(e["ts"]),
+                                       float(e.get("dur", 0)), args))
+            else:
+                cycles.append(Instant(str(e["name"]), str(e["name"]), pid, lane, float(e["ts"]), args))
+            continue
         if ph == "X":
             phase = cat if cat in ("negotiate", "queue", "chunk") else "collective"
             spans.append(Span(str(e["name"]), phase, pid, lane, float(e["ts"]), float(e.get("dur", 0)), args))
@@ -139,7 +183,9 @@ def parse(events):
             instants.append(Instant(str(e["name"]), cat, pid, lane, float(e["ts"]), args))
     spans.sort(key=lambda s: (s.start_us, s.end_us))
     instants.sort(key=lambda i: i.at_us)
-    return Trace(spans, instants, lanes)
+    activities.sort(key=lambda s: (s.start_us, -s.dur_us))
+    cycles.sort(key=lambda i: i.at_us)
+    return Trace(spans, instants, lanes, activities, cycles)
 
 
 def load(path):

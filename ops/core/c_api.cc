@@ -123,10 +123,13 @@ extern "C" int mlsl_tf_init(void) {
   if (!s.ok()) return mlsl::Fail(s.message());
   s = mlsl::AgreeOnSettings(comm.get());
   if (!s.ok()) return mlsl::Fail(s.message());
+  auto timeline = std::make_unique<mlsl::Timeline>();
+  s = mlsl::OpenTimelineAtInit(comm.get(), timeline.get());
+  if (!s.ok()) return mlsl::Fail(s.message());
   static std::once_flag at_exit;
   // Registered after MPI's finaliser, so it runs before it.
   std::call_once(at_exit, [] { std::atexit(mlsl::ShutdownAtExit); });
-  h.runtime = std::make_shared<Runtime>(std::move(comm));
+  h.runtime = std::make_shared<Runtime>(std::move(comm), std::move(timeline));
   return 0;
 }
 
@@ -171,6 +174,26 @@ extern "C" int mlsl_tf_parked(void) {
   return rt ? int(rt->results()->size()) : 0;
 }
 
+extern "C" int mlsl_tf_start_timeline(const char* path, int mark_cycles, int* os_error) {
+  auto rt = mlsl::CurrentRuntime();
+  if (!rt) return mlsl::Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
+  int error_number = 0;
+  std::string error = rt->StartTimeline(path ? path : "", mark_cycles != 0, &error_number);
+  if (os_error) *os_error = error_number;
+  if (!error.empty()) {
+    mlsl::Fail(error);
+    return -2;
+  }
+  return 0;
+}
+
+extern "C" int mlsl_tf_stop_timeline(void) {
+  auto rt = mlsl::CurrentRuntime();
+  if (!rt) return mlsl::Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
+  rt->StopTimeline();
+  return 0;
+}
+
 extern "C" int mlsl_tf_setting_count(void) { return int(mlsl::AllSettings().size()); }
 extern "C" const char* mlsl_tf_setting_name(int i) { return mlsl::AllSettings().at(i).name; }
 extern "C" const char* mlsl_tf_setting_default(int i) { return mlsl::AllSettings().at(i).default_value; }
@@ -180,6 +203,8 @@ extern "C" const char* mlsl_tf_setting_allowed(int i) {
   text = mlsl::Allowed(mlsl::AllSettings().at(i));
   return text.c_str();
 }
+
+extern "C" const char* mlsl_tf_setting_alias(int i) { return mlsl::AllSettings().at(i).alias; }
 
 extern "C" int mlsl_tf_add_group(const int* ranks, int n) {
   if (n < 0 || (n > 0 && !ranks)) return mlsl::Fail("mlsl_tf_add_group: invalid rank list");

@@ -39,11 +39,18 @@ int mlsl_tf_parked(void);
 int mlsl_tf_add_group(const int* ranks, int n);
 int mlsl_tf_remove_group(int id);
 
+// Horovod's start_timeline / stop_timeline (runtime.h). start: 0; -1 before init; -2 when the
+// file cannot be written (*os_error: errno; the message in mlsl_tf_last_error()). stop: 0, or
+// -1 before init.
+int mlsl_tf_start_timeline(const char* path, int mark_cycles, int* os_error);
+int mlsl_tf_stop_timeline(void);
+
 int mlsl_tf_setting_count(void);
 const char* mlsl_tf_setting_name(int i);
 const char* mlsl_tf_setting_default(int i);
 const char* mlsl_tf_setting_doc(int i);
 const char* mlsl_tf_setting_allowed(int i);  // what the setting accepts, in words
+const char* mlsl_tf_setting_alias(int i);    // another variable read for it ("" = none)
 
 #ifdef __cplusplus
 }

@@ -58,6 +58,12 @@ bool Results::Take(const std::string& name, Callback callback) {
   return true;
 }
 
+void Results::Record(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  record_ = on;
+  if (!on) events_.clear();
+}
+
 std::vector<Results::Event> Results::Drain() {
   std::lock_guard<std::mutex> lock(mu_);
   std::vector<Event> out;

@@ -41,7 +41,7 @@ class Results {
     const char* kind;
     std::chrono::steady_clock::time_point at;
   };
-  void Record(bool on) { record_ = on; }
+  void Record(bool on);  // from any thread (a timeline started or stopped at run time)
   std::vector<Event> Drain();
 
  private:
@@ -53,7 +53,7 @@ class Results {
   };
   mutable std::mutex mu_;
   std::unordered_map<std::string, Entry> entries_;
-  bool record_ = false;  // set before any framework thread uses the table
+  bool record_ = false;
   std::vector<Event> events_;
 };
 

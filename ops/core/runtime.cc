@@ -114,7 +114,7 @@ std::chrono::microseconds Runtime::PollInterval() const {
   return shortest == std::chrono::microseconds::max() ? std::chrono::microseconds(0) : shortest;
 }
 
-Runtime::Runtime(std::unique_ptr<Communicator> comm)
+Runtime::Runtime(std::unique_ptr<Communicator> comm, std::unique_ptr<Timeline> timeline)
     : comm_(std::move(comm)),
       rank_(comm_->rank()),
       size_(comm_->size()),
@@ -125,15 +125,16 @@ Runtime::Runtime(std::unique_ptr<Communicator> comm)
       cache_capacity_(size_t(SettingInt("MLSL_TF_CACHE_CAPACITY"))),
       eager_bytes_(SettingInt("MLSL_TF_EAGER_BYTES")),
       spin_(SettingInt("MLSL_TF_SPIN_US")),
-      timeline_(SettingString("MLSL_TF_TIMELINE"), rank_),
+      timeline_(timeline ? std::move(timeline) : std::make_unique<Timeline>()),
+      mark_cycles_(SettingFlag("MLSL_TF_TIMELINE_MARK_CYCLES")),
       options_(OptionsFromSettings()),
       default_wire_(WireFromSettings()),
-      groups_(WorldGroup(comm_.get(), rank_, &timeline_, &stats_, options_)),
+      groups_(WorldGroup(comm_.get(), rank_, timeline_.get(), &stats_, options_)),
       coordinator_(size_),
       joined_before_(size_, false),
       results_([this] {
         auto r = std::make_shared<Results>();
-        r->Record(timeline_.enabled());
+        r->Record(timeline_->enabled());
         return r;
       }()),
       thread_([this] { Loop(); }) {}
@@ -214,7 +215,7 @@ void Runtime::Loop() {
   while (true) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      if (incoming_.empty() && !stop_requested_) {
+      if (incoming_.empty() && !stop_requested_ && !timeline_change_) {
         const bool idle_here = AllIdle();
         bool local_work = !pending_.empty() || join_ != nullptr || !idle_here;
         std::chrono::microseconds wait(0);
@@ -226,7 +227,8 @@ void Runtime::Loop() {
           // so poll briefly before sleeping (an idle process still sleeps, a busy one does
           // not pay a wake-up per collective).
           const auto until = last_progress_ + spin_;
-          while (incoming_.empty() && !stop_requested_ && std::chrono::steady_clock::now() < until) {
+          while (incoming_.empty() && !stop_requested_ && !timeline_change_ &&
+                 std::chrono::steady_clock::now() < until) {
             lock.unlock();
             std::this_thread::yield();
             lock.lock();
@@ -238,16 +240,23 @@ void Runtime::Loop() {
                                                      std::chrono::milliseconds(1));
         }
         if (wait.count() > 0) {
-          cv_.wait_for(lock, wait, [this] { return !incoming_.empty() || stop_requested_; });
+          cv_.wait_for(lock, wait, [this] { return !incoming_.empty() || stop_requested_ || timeline_change_; });
         }
       }
     }
+    ServeTimelineChange();
+    if (mark_cycles_) timeline_->CycleStart(std::chrono::steady_clock::now());
     bool progress = false;
-    if (!Cycle(&progress)) return;
+    if (!Cycle(&progress)) {
+      EndTimeline();
+      return;
+    }
     idle = progress ? 0 : idle + 1;
-    if (progress) last_progress_ = std::chrono::steady_clock::now();
-    if (timeline_.enabled()) {
-      for (const Results::Event& e : results_->Drain()) timeline_.Instant(e.name, e.kind, "framework", e.at);
+    const auto now = std::chrono::steady_clock::now();
+    if (progress) last_progress_ = now;
+    if (timeline_->enabled()) {
+      for (const Results::Event& e : results_->Drain()) timeline_->Instant(e.name, e.kind, "framework", e.at);
+      timeline_->MaybeFlush(now);  // a reader sees the events within about one flush interval
     }
   }
 }
@@ -360,6 +369,7 @@ bool Runtime::Cycle(bool* progress) {
   }
   bits[wanted_at] = ~uint64_t(FillEager(&bits, eager_at));
   Communicator* control = control_comm_ ? control_comm_.get() : comm_.get();
+  cycle_started_ = std::chrono::steady_clock::now();
   auto op = control->Control(bits.data(), int64_t(bits.size()));
   Status s = Wait(op.get(), [this] {
     // chunks in flight keep moving while the control message travels
@@ -515,7 +525,7 @@ void Runtime::ChangeGroups(const RequestMeta& meta, Request* mine) {
     if (at != g->ranks.end() && status.ok()) {
       g->index = int(at - g->ranks.begin());
       g->comm = g->own.get();
-      Equip(g.get(), &timeline_, &stats_, options_);
+      Equip(g.get(), timeline_.get(), &stats_, options_);
     }
     // As Horovod: the lowest id no live group has. A reused id's collectives get names of their
     // own generation, so no name the removed group agreed on is taken for one of the new group.

@@ -51,7 +51,8 @@ namespace mlsl {
 
 class Runtime {
  public:
-  explicit Runtime(std::unique_ptr<Communicator> comm);
+  // `timeline`: already opened (OpenTimelineAtInit); null: none until StartTimeline.
+  explicit Runtime(std::unique_ptr<Communicator> comm, std::unique_ptr<Timeline> timeline = nullptr);
   ~Runtime();  // shuts down
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -64,6 +65,15 @@ class Runtime {
   // An add_group (ranks) or remove_group (id) request, named by this process's count of group
   // changes so far -- the same on every rank that changes groups in the same order.
   Request GroupChange(OpType op, std::vector<int> ranks, int id = 0);
+
+  // Horovod's start_timeline / stop_timeline (runtime_timeline.cc). Start: this rank writes
+  // `path` if Timeline::Writes says so (rank 0, or every rank with "{rank}" in it), after
+  // closing the file open; the path already open again only sets mark_cycles. Stop: closes
+  // it, a complete file; nothing when none is open. Both are handed to the background thread,
+  // which applies them between two cycles, and return once applied. Start returns "" or the
+  // error naming the file (*os_error: its errno).
+  std::string StartTimeline(const std::string& path, bool mark_cycles, int* os_error = nullptr);
+  void StopTimeline();
 
   int rank() const { return rank_; }
   int size() const { return size_; }
@@ -133,6 +143,19 @@ class Runtime {
   int64_t FillEager(std::vector<uint64_t>* bits, int64_t at);
   std::vector<int32_t> FinishEager(const uint64_t* region, int64_t words);
   void FinishJoin(int last_rank);
+  // A timeline start / stop handed from a framework thread to the background thread.
+  struct TimelineChange {
+    bool start = false;
+    std::string path;
+    bool mark_cycles = false;
+    std::string error;
+    int os_error = 0;
+    bool done = false;
+  };
+  void ChangeTimeline(TimelineChange* change);  // framework thread: hands over, waits
+  void ServeTimelineChange();                   // background thread, between cycles
+  void ApplyTimelineChange(TimelineChange* change);
+  void EndTimeline();                           // the background thread is ending
   // Refuses future submissions with `reason` and fails everything pending with it.
   void Close(const std::string& reason);
   // Whether this rank has a request due for a stall warning / past the stall shutdown time.
@@ -163,9 +186,14 @@ class Runtime {
   std::deque<std::unique_ptr<Request>> incoming_;
   bool stop_requested_ = false;
   std::string closed_reason_;  // non-empty once closed: new requests fail with it
+  TimelineChange* timeline_change_ = nullptr;  // waiting for the background thread
+  std::condition_variable timeline_cv_;        // a change was applied
+  bool loop_ended_ = false;                    // the background thread no longer writes the timeline
 
   // Owned by the background thread.
-  Timeline timeline_;
+  std::unique_ptr<Timeline> timeline_;
+  bool mark_cycles_;  // MLSL_TF_TIMELINE_MARK_CYCLES, or start_timeline's mark_cycles
+  std::chrono::steady_clock::time_point cycle_started_;  // this cycle's control message started
   Stats stats_;
   const SchedulerOptions options_;
   const DataType default_wire_;  // MLSL_TF_WIRE_DTYPE, for float32 reductions
@@ -184,5 +212,10 @@ class Runtime {
 
   std::thread thread_;  // last member: starts after everything above exists
 };
+
+// Opens the timeline of MLSL_TF_TIMELINE (or HOROVOD_TIMELINE; "DYNAMIC" = none) on the ranks
+// that write it. Collective over `comm`: when a rank cannot open its file, every rank gets the
+// error (naming the variable, the rank and the file), so no rank goes on to wait for it.
+Status OpenTimelineAtInit(Communicator* comm, Timeline* timeline);
 
 }  // namespace mlsl

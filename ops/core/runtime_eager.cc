@@ -77,7 +77,13 @@ std::vector<int32_t> Runtime::FinishEager(const uint64_t* region, int64_t words)
     }
     stats_.Request();
     stats_.Eager();
-    if (timeline_.enabled()) timeline_.Instant(ShownName(meta.name), "eager", "queue", std::chrono::steady_clock::now());
+    if (timeline_->enabled()) {
+      // The reduction rode in this cycle's control message: negotiated and done in one round.
+      const auto now = std::chrono::steady_clock::now();
+      timeline_->Instant(ShownName(meta.name), "eager", "queue", now);
+      timeline_->HorovodNegotiation(meta.name, OpTypeName(meta.op), it->second.submitted, cycle_started_);
+      timeline_->HorovodOp(meta.name, OpTypeName(meta.op), cycle_started_, cycle_started_, now);
+    }
     Finish(meta.name, s);
   }
   std::sort(ids.begin(), ids.end());

@@ -75,6 +75,7 @@ void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finis
   Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
   if (request && timeline_->enabled()) {
     timeline_->Span(meta.name, "negotiate", "negotiation", submitted, p.agreed);
+    timeline_->HorovodNegotiation(meta.name, OpTypeName(meta.op), submitted, p.agreed);
   }
   w->parts.push_back(std::move(p));
   Insert(std::move(w));
@@ -235,7 +236,9 @@ void Scheduler::RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joine
   }
   Status s = executor_->Execute(w->meta, p.request, joined);
   if (timeline_->enabled() && p.request) {
-    timeline_->Span(p.name, OpTypeName(w->meta.op), "collective", start, Now());
+    const auto done = Now();
+    timeline_->Span(p.name, OpTypeName(w->meta.op), "collective", start, done);
+    timeline_->HorovodOp(p.name, OpTypeName(w->meta.op), p.agreed, start, done);
   }
   Complete(seq);
   if (p.request) p.finish(s);
@@ -340,7 +343,11 @@ void Scheduler::Finalize(Work* w) {
       kept.first.assign(w->res_in.begin() + p.offset, w->res_in.begin() + p.offset + p.count);
       kept.second.assign(w->res_out.begin() + p.offset, w->res_out.begin() + p.offset + p.count);
     }
-    if (timeline_->enabled()) timeline_->Instant(p.name, "done", "queue", Now());
+    if (timeline_->enabled()) {
+      const auto done = Now();
+      timeline_->Instant(p.name, "done", "queue", done);
+      timeline_->HorovodOp(p.name, OpTypeName(w->meta.op), p.agreed, w->first_start, done);
+    }
     p.finish(w->status);
   }
   if (last_started_ == w) last_started_ = nullptr;

@@ -61,7 +61,14 @@ const std::vector<SettingInfo>& AllSettings() {
        "nice value of the background thread (negative: it preempts compute threads when the network wakes it; "
        "needs the permission to lower nice, else ignored)",
        T::kInt, -20, 19},
-      {"MLSL_TF_TIMELINE", "", "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank)"},
+      {"MLSL_TF_TIMELINE", "",
+       "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank), readable while the "
+       "job runs; 'DYNAMIC' or empty: none until mlsl_tf.start_timeline (also read as HOROVOD_TIMELINE)",
+       T::kText, 0, INT64_MAX, "", false, "HOROVOD_TIMELINE"},
+      {"MLSL_TF_TIMELINE_MARK_CYCLES", "0",
+       "1: the timeline marks the start of every background cycle (CYCLE_START; also read as "
+       "HOROVOD_TIMELINE_MARK_CYCLES)",
+       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", false, "HOROVOD_TIMELINE_MARK_CYCLES"},
       {"MLSL_TF_INTER_OP_THREADS", "auto",
        "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "
        "default (one per core of the machine, too many with several ranks per machine)",
@@ -176,7 +183,7 @@ std::string Allowed(const SettingInfo& info) {
   return "";
 }
 
-std::string CheckSetting(const SettingInfo& info, const std::string& raw, int64_t* number) {
+std::string CheckSetting(const SettingInfo& info, const std::string& raw, int64_t* number, const char* variable) {
   const std::string text = Trim(raw);
   bool ok = true;
   int64_t value = 0;
@@ -211,28 +218,65 @@ std::string CheckSetting(const SettingInfo& info, const std::string& raw, int64_
       break;
     }
   }
-  if (!ok) return std::string(info.name) + "=" + raw + " is not valid: expected " + Allowed(info);
+  if (!ok) return std::string(variable ? variable : info.name) + "=" + raw + " is not valid: expected " + Allowed(info);
   if (number) *number = value;
   return "";
 }
 
+namespace {
+
+const char* Env(const char* variable) {
+  const char* v = *variable ? std::getenv(variable) : nullptr;
+  return v && *v ? v : nullptr;
+}
+
+bool IsFlag(const SettingInfo& info) { return std::string(info.choices) == "1|0|true|false|on|off|yes|no"; }
+bool FlagValue(const std::string& lowered) { return lowered == "1" || lowered == "true" || lowered == "on" || lowered == "yes"; }
+
+// What a value means, so "1" and "true" (or " a " and "a") compare equal.
+std::string Canonical(const SettingInfo& info, const std::string& raw) {
+  std::string text = Trim(raw);
+  if (info.type == SettingType::kChoice || info.type == SettingType::kThreads) text = Lower(text);
+  if (IsFlag(info)) return FlagValue(text) ? "1" : "0";
+  int64_t number = 0;
+  if ((info.type == SettingType::kInt || info.type == SettingType::kBytes) && CheckSetting(info, text, &number).empty()) {
+    return std::to_string(number);
+  }
+  return text;
+}
+
+}  // namespace
+
 std::string CheckSettings() {
   std::string errors;
+  auto add = [&errors](const std::string& e) { if (!e.empty()) errors += (errors.empty() ? "" : "\n") + e; };
   for (const SettingInfo& s : AllSettings()) {
-    const char* env = std::getenv(s.name);
-    if (!env || !*env) continue;
-    std::string e = CheckSetting(s, env);
-    if (!e.empty()) errors += (errors.empty() ? "" : "\n") + e;
+    const char* env = Env(s.name);
+    const char* alias = Env(s.alias);
+    if (env) add(CheckSetting(s, env));
+    if (alias) add(CheckSetting(s, alias, nullptr, s.alias));
+    if (env && alias && Canonical(s, env) != Canonical(s, alias)) {
+      add(std::string(s.name) + "=" + env + " and " + s.alias + "=" + alias + " disagree: " + s.alias +
+          " is another name for " + s.name + "; set one of them (or both to the same value)");
+    }
   }
   return errors;
 }
 
+std::string SettingSource(const std::string& name) {
+  const SettingInfo& info = Find(name);
+  return !Env(info.name) && Env(info.alias) ? info.alias : info.name;
+}
+
 std::string SettingString(const std::string& name) {
   const SettingInfo& info = Find(name);
-  const char* env = std::getenv(info.name);
-  std::string value = Trim(env && *env ? env : info.default_value);
+  const char* env = Env(info.name);
+  if (!env) env = Env(info.alias);
+  std::string value = Trim(env ? env : info.default_value);
   return info.type == SettingType::kChoice || info.type == SettingType::kThreads ? Lower(value) : value;
 }
+
+bool SettingFlag(const std::string& name) { return FlagValue(SettingString(name)); }
 
 int64_t SettingInt(const std::string& name) {
   const SettingInfo& info = Find(name);

@@ -29,15 +29,19 @@ struct SettingInfo {
   // Shapes the collectives every rank starts (chunks, slots, fusion, order, algorithm): ranks
   // with different values would start different MPI operations, so init() compares them.
   bool agreed = false;
+  // Another variable read for this setting when it is unset (Horovod's name, e.g.
+  // HOROVOD_TIMELINE): checked like it, and an error when both are set to different values.
+  const char* alias = "";
 };
 
 const std::vector<SettingInfo>& AllSettings();
 
 // What `info` allows, in words ("an integer from 1 to 64", "one of priority, fifo", ...).
 std::string Allowed(const SettingInfo& info);
-// Checks `text` against `info`: "" when valid, else the error (variable, value, what is allowed).
+// Checks `text` against `info` (`variable`: the name to blame, default info.name): "" when valid, else the error (variable, value, what is allowed).
 // For kInt and kBytes (and a kThreads number) *number receives the value.
-std::string CheckSetting(const SettingInfo& info, const std::string& text, int64_t* number = nullptr);
+std::string CheckSetting(const SettingInfo& info, const std::string& text, int64_t* number = nullptr,
+                         const char* variable = nullptr);
 // The errors of every setting's environment value, one per line ("" when all are valid).
 std::string CheckSettings();
 
@@ -46,6 +50,10 @@ std::string CheckSettings();
 // (CheckSettings ran at init; an invalid value here reads as the default).
 std::string SettingString(const std::string& name);
 int64_t SettingInt(const std::string& name);
+// A yes/no setting (choices 1|0|true|false|on|off|yes|no): true for 1, true, on, yes.
+bool SettingFlag(const std::string& name);
+// The variable a setting's value comes from: its name, or its alias when only that is set.
+std::string SettingSource(const std::string& name);
 // "NAME=value\n" for every `agreed` setting, numbers parsed (so " 8 " and "8" compare equal).
 std::string AgreedSettings();
 

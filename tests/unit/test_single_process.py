@@ -143,6 +143,8 @@ BAD_SETTINGS = [
     ("MLSL_TF_CROSS_ITERATION", "maybe", "one of 1, 0"),
     ("MLSL_TF_THREAD_SPINNING", "sometimes", "one of 1, 0"),
     ("MLSL_TF_INTER_OP_THREADS", "0", "one of auto, tf, or an integer from 1"),
+    ("MLSL_TF_TIMELINE_MARK_CYCLES", "2", "one of 1, 0"),
+    ("HOROVOD_TIMELINE_MARK_CYCLES", "sometimes", "one of 1, 0"),  # Horovod's name, checked alike
 ]
 
 
@@ -270,7 +272,21 @@ HOROVOD_SIGNATURES = {
     "local_rank_op": ["name"],
     "size_op": ["process_set_id", "name"],
     "local_size_op": ["name"],
+    "start_timeline": ["file_path", "mark_cycles"],
+    "stop_timeline": [],
 }
+
+
+def test_timeline_api_reachable_as_horovods():
+    """hvd.start_timeline / stop_timeline, also through the Horovod alias package."""
+    alias = os.path.join(os.path.dirname(__file__), "..", "horovod_suite", "alias")
+    sys.path.insert(0, alias)
+    try:
+        import horovod.tensorflow as horovod_tf
+    finally:
+        sys.path.remove(alias)
+    assert horovod_tf.start_timeline is hvd.start_timeline and horovod_tf.stop_timeline is hvd.stop_timeline
+    assert "start_timeline" in hvd.__all__ and "stop_timeline" in hvd.__all__
 
 
 @pytest.mark.parametrize("fn", sorted(HOROVOD_SIGNATURES))

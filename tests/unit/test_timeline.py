@@ -183,3 +183,34 @@ def test_command_line(trace_file, tmp_path):
     r = subprocess.run([sys.executable, "-m", "mlsl_tf.timeline", str(tmp_path / "missing.json")],
                        capture_output=True, text=True, timeout=120, env=CLI_ENV)
     assert r.returncode == 1 and "cannot read" in r.stderr
+
+
+def test_file_read_in_the_middle_of_a_write_loads_up_to_its_last_whole_event(tmp_path):
+    """The core replaces the closing bracket with new events and a new bracket in one write: a
+    reader can catch it half done, the last event cut anywhere."""
+    events = synthetic_events()[:-1]
+    whole = "[\n" + ",\n".join(json.dumps(e) for e in events) + "\n]\n"
+    json.loads(whole)  # what the core leaves between writes: strict JSON
+    path = tmp_path / "live.json"
+    last = json.dumps(events[-1])
+    cut_at = whole.rindex(last) + len(last) // 2
+    for text, n in ((whole, len(events)), (whole[:cut_at], len(events) - 1),
+                    (whole[:whole.rindex(last)], len(events) - 1), (whole[:-3] + ",\n", len(events))):
+        path.write_text(text)
+        assert len(timeline.load_events(str(path))) == n, text[-200:]
+
+
+def test_horovod_named_events_are_kept_apart(trace_file):
+    hv = [span("NEGOTIATE_ALLREDUCE", "horovod", 7, 0, 100, {"tensor": "big"}),
+          span("ALLREDUCE", "horovod", 7, 100, 1985, {"tensor": "big"}),
+          span("QUEUE", "horovod", 7, 100, 50, {"tensor": "big"}),
+          {"name": "CYCLE_START", "cat": "horovod", "ph": "i", "s": "p", "pid": 0, "ts": 90}]
+    plain = timeline.load(str(trace_file))
+    t = timeline.parse(synthetic_events() + hv)
+    assert timeline.summary(t) == timeline.summary(plain) and len(t.spans) == len(plain.spans)
+    assert [(a.phase, a.name, a.start_us, a.dur_us) for a in t.activities] == [
+        ("NEGOTIATE_ALLREDUCE", "big", 0, 100), ("ALLREDUCE", "big", 100, 1985), ("QUEUE", "big", 100, 50)]
+    assert [a.phase for a in t.activity("ALLREDUCE", "big")] == ["ALLREDUCE"] and not t.activity("ALLREDUCE", "x")
+    assert [c.at_us for c in t.cycle_starts] == [90]
+    assert t.for_rank(0).activities == t.activities and t.for_rank(1).cycle_starts == []
+    assert [a.phase for a in t.window(1000, None).activities] == ["ALLREDUCE"]
