@@ -133,7 +133,22 @@ def init(comm=None, process_sets=None):
             continue  # registered by an earlier init
         if existing is not None or ps.process_set_id is not None:
             raise ValueError(f"init: process_sets entry number {index} is a duplicate of {existing or ps}")
-        add_process_set(ps)
+        _add(ps)
+
+
+_YES = ("1", "true", "on", "yes")
+
+
+def dynamic_process_sets():
+    """Whether add_process_set / remove_process_set may run after init (MLSL_TF_DYNAMIC_PROCESS_SETS,
+    or Horovod's HOROVOD_DYNAMIC_PROCESS_SETS; on unless set to 0)."""
+    return _library.settings()["MLSL_TF_DYNAMIC_PROCESS_SETS"][2].lower() in _YES
+
+
+def _check_dynamic(what):
+    if not dynamic_process_sets():
+        raise ValueError(f"{what} after init() needs MLSL_TF_DYNAMIC_PROCESS_SETS=1 (or HOROVOD_DYNAMIC_PROCESS_SETS=1); "
+                         "it is set to 0, so only init(process_sets=[...]) makes process sets")
 
 
 def ids_and_ranks():
@@ -145,6 +160,11 @@ def add_process_set(process_set):
     """Registers `process_set` (a ProcessSet or a list of ranks) with the core and returns it
     with its process_set_id set. Collective: every rank calls it in the same order with the same
     ranks; otherwise every rank gets a ValueError naming the ranks that disagree."""
+    _check_dynamic("add_process_set")
+    return _add(process_set)
+
+
+def _add(process_set):
     if not isinstance(process_set, ProcessSet):
         process_set = ProcessSet(process_set)
     if process_set.process_set_id is not None:
@@ -178,6 +198,7 @@ def remove_process_set(process_set):
     group_id = _group_id_of(process_set)
     if group_id == 0:
         return False
+    _check_dynamic("remove_process_set")
     if _c_api().mlsl_tf_remove_group(group_id) != 0:
         raise ValueError(f"removing group {group_id} failed: {_library.last_error()}")
     for ps in _registered.pop(group_id, []):

@@ -69,6 +69,10 @@ const std::vector<SettingInfo>& AllSettings() {
        "1: the timeline marks the start of every background cycle (CYCLE_START; also read as "
        "HOROVOD_TIMELINE_MARK_CYCLES)",
        T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", false, "HOROVOD_TIMELINE_MARK_CYCLES"},
+      {"MLSL_TF_DYNAMIC_PROCESS_SETS", "1",
+       "1: process sets (groups) may be added and removed after init(); 0: only init(process_sets=...) makes "
+       "them, as Horovod without HOROVOD_DYNAMIC_PROCESS_SETS (also read as HOROVOD_DYNAMIC_PROCESS_SETS)",
+       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", true, "HOROVOD_DYNAMIC_PROCESS_SETS"},
       {"MLSL_TF_INTER_OP_THREADS", "auto",
        "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "
        "default (one per core of the machine, too many with several ranks per machine)",

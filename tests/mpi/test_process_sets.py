@@ -140,6 +140,15 @@ def test_tf1_optimizer_with_a_process_set(passes):
     np.testing.assert_allclose(values, expected, rtol=1e-6)
 
 
+def test_without_dynamic_sets_only_init_makes_them(monkeypatch):
+    monkeypatch.setenv("HOROVOD_DYNAMIC_PROCESS_SETS", "0")
+    with pytest.raises(ValueError, match="needs MLSL_TF_DYNAMIC_PROCESS_SETS=1"):
+        hvd.add_process_set([0])
+    with pytest.raises(ValueError, match="needs MLSL_TF_DYNAMIC_PROCESS_SETS=1"):
+        hvd.remove_process_set(even_set)
+    assert hvd.groups.ids_and_ranks() == {0: list(range(N)), 1: EVEN, 2: ODD}
+
+
 def test_dynamic_sets_reuse_the_lowest_free_id_and_their_own_names():
     """Last in the file: removes the static sets. A collective name used in a removed set and then
     in the set that took over its id is negotiated afresh (the new set's members and shape), not
