@@ -29,6 +29,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -184,6 +185,28 @@ def first_failure(statuses: Sequence[task.RankStatus]) -> Optional[task.RankStat
                                       s.time if s.failed_at is None else s.failed_at, s.rank))
 
 
+_SHUT_DOWN = re.compile(r"\brank (\d+) shut down\b")
+
+
+def shut_down_peer(failure: task.RankStatus) -> Optional[int]:
+    """The rank a failure only reports the end of (mlsl_tf's "rank N shut down, so collectives
+    can no longer complete"), or None (pure)."""
+    m = _SHUT_DOWN.search(failure.error or "") if failure.caused_by_peer else None
+    return int(m.group(1)) if m and int(m.group(1)) != failure.rank else None
+
+
+def blame(failure: task.RankStatus, status_dir: str) -> str:
+    """The summary of the job's failure: the failed rank, or, when its failure only reports that
+    another rank shut down first (it exited, even with code 0, or called shutdown() while the
+    others still needed it), that rank, then the report."""
+    peer = shut_down_peer(failure)
+    if peer is None:
+        return failure.describe()
+    host = _read_json(task.start_marker_path(status_dir, peer)).get("host", "?")
+    return (f"rank {peer} (host {host}) left first: it shut mlsl_tf down (exit or shutdown()) while "
+            f"the other ranks still needed it; {failure.describe()}")
+
+
 def early_leaver(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional[task.RankStatus]:
     """The rank that exited with code 0 first while some other rank still ran (no status yet,
     or one written later), or None (pure).  For a job whose launcher failed with no failed
@@ -237,11 +260,13 @@ class _Job:
         self.proc = subprocess.Popen(list(argv), start_new_session=True,
                                      preexec_fn=_kill_when_parent_dies())
         self.signals_received = 0
+        self.first_signal: Optional[int] = None
         self._kill_at: Optional[float] = None
 
     def on_signal(self, signum: int, _frame=None) -> None:
         self.signals_received += 1
         if self.signals_received == 1:
+            self.first_signal = signum
             self._send(signum)
         else:
             self.kill()
@@ -284,13 +309,13 @@ def _watch(job: _Job, status_dir: str, num_proc: int,
         code = job.poll()
         if code is not None:
             return code, reason
-        if reason is None and not job.signals_received:  # when stopping, failures are consequences
+        if reason is None:
             failure = first_failure(rank_statuses(status_dir, num_proc))
-            if failure is not None and failure.caused_by_peer and \
-                    time.time() < (failure.failed_at or failure.time) + PEER_GRACE_S:
+            if failure is not None and failure.caused_by_peer and shut_down_peer(failure) is None \
+                    and time.time() < (failure.failed_at or failure.time) + PEER_GRACE_S:
                 failure = None  # the rank whose end it reports may still record why it ended
             if failure is not None:
-                reason = f"{failure.describe()}; stopping the other ranks"
+                reason = f"{blame(failure, status_dir)}; stopping the other ranks"
             elif deadline is not None and time.monotonic() > deadline:
                 missing = sorted(set(range(num_proc)) - started_ranks(status_dir, num_proc))
                 if missing:
@@ -299,7 +324,8 @@ def _watch(job: _Job, status_dir: str, num_proc: int,
                               "stopping the job")
                 deadline = None
             if reason is not None:
-                _err(reason)
+                if not job.signals_received:  # else the failure is mlslrun's signal's doing
+                    _err(reason)
                 job.stop()
         time.sleep(POLL_S)
 
@@ -329,9 +355,9 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
             start_timeout: Optional[float]) -> int:
     """Run the launcher argv, forwarding SIGINT/SIGTERM; returns mlslrun's exit code.
 
-    The code is the failing rank's (its exit code or 128 + signal) when a rank
-    failed, 1 when mlslrun stopped the job for --start-timeout, otherwise the
-    launcher's own.
+    The code is 128 + the signal when mlslrun was sent SIGINT/SIGTERM, the
+    failing rank's (its exit code or 128 + signal) when a rank failed, 1 when
+    mlslrun stopped the job for --start-timeout, otherwise the launcher's own.
     """
     job = _Job(argv)
     previous = {s: signal.signal(s, job.on_signal) for s in task.FORWARDED_SIGNALS}
@@ -340,10 +366,13 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if job.first_signal is not None:
+        _err(f"job stopped: mlslrun received {task.signal_name(job.first_signal)}")
+        return 128 + job.first_signal
     failure = first_failure(rank_statuses(status_dir, num_proc))
     if failure is not None:
         if stopped_because is None:
-            _err(f"job failed: {failure.describe()}")
+            _err(f"job failed: {blame(failure, status_dir)}")
         return failure.wrapper_exit_code
     if stopped_because is None and not job.signals_received:
         leaver = _left_early(code, status_dir, num_proc)

@@ -4,8 +4,8 @@
 
 For each fault (something done to rank 1, to both ranks, or to mlslrun while both ranks
 train) it prints mlslrun's exit code, the seconds from the fault until every process of the
-job (mlslrun, mpiexec, hydra proxies, wrappers, ranks) was gone, and the first ``mlslrun:``
-line of its stderr (the rank it names).  Job processes are found by a marker variable in
+job (mlslrun, mpiexec, hydra proxies, wrappers, ranks) was gone, and mlslrun's summary line
+(else the first ``mlslrun:`` line of its stderr) and the rank it names.  Job processes are found by a marker variable in
 their environment.  --root runs another tree's mlsl_tf (e.g. an unchanged copy, for
 "before").  Not part of `make test`: the faults take about a minute each on a loaded machine.
 """
@@ -138,6 +138,8 @@ def run_fault(fault: str, root: pathlib.Path) -> dict:
         err.close()
         stderr = pathlib.Path(f"{d}/err").read_text(errors="replace")
         lines = [l for l in stderr.splitlines() if l.startswith("mlslrun: ")]
+        # mlslrun's own summary, else the first rank's wrapper's line
+        lines = [l for l in lines if re.search(r"job (failed|stopped)|stopping the", l)] + lines
         named = re.search(r"rank (\d+) \(host", lines[0]) if lines else None
         seconds = None if gone_at is None or fault_at is None else round(gone_at - fault_at, 1)
         return {"fault": fault, "done": FAULTS[fault], "exit_code": code if code is None or code >= 0 else 128 - code,

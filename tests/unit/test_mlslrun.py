@@ -247,8 +247,9 @@ def test_sigterm_to_mlslrun_stops_the_job(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert proc.returncode != 0
+    assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM (sent by the launcher)" in err
+    assert err.rstrip().endswith("mlslrun: job stopped: mlslrun received SIGTERM"), err
 
 
 def test_unknown_flag_is_a_usage_error(capsys):
@@ -625,3 +626,16 @@ def test_graph_execution_error_keeps_the_op_message():
             "\t [[{{node MlslAllreduce}}]] [Op:__inference_f_6]")
     assert hvd_basics._graph_error_message(text) == "mlsl_tf: allreduce 'm': shape [1] on rank 0 vs [2] on rank 1"
     assert hvd_basics._graph_error_message("plain\nmessage") == "plain\nmessage"
+
+
+def test_blame_names_the_rank_that_shut_down(tmp_path):
+    d = str(tmp_path)
+    with open(task.start_marker_path(d, 1), "w") as f:
+        json.dump({"rank": 1, "host": "hx", "pid": 7, "time": 0.0}, f)
+    error = "AbortedError: mlsl_tf: rank 1 shut down, so collectives can no longer complete"
+    hit = status(0, code=1, t=2.0, failed_at=1.0, caused_by_peer=True, error=error)
+    assert launch.shut_down_peer(hit) == 1
+    assert launch.blame(hit, d).startswith("rank 1 (host hx) left first: it shut mlsl_tf down")
+    assert launch.blame(hit, d).endswith(hit.describe())
+    own = status(0, code=1, t=2.0, failed_at=1.0, error="ValueError: rank 1 shut down the party")
+    assert launch.shut_down_peer(own) is None and launch.blame(own, d) == own.describe()
