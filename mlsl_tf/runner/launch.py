@@ -374,11 +374,7 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
         if stopped_because is None:
             _err(f"job failed: {blame(failure, status_dir)}")
         return failure.wrapper_exit_code
-    if stopped_because is None and not job.signals_received:
-        leaver = _left_early(code, status_dir, num_proc)
-        if leaver is not None:
-            return exit_code_of(code) or EXIT_FAILURE
-    if stopped_because is not None or job.signals_received:
+    if stopped_because is not None or _left_early(code, status_dir, num_proc) is not None:
         return exit_code_of(code) or EXIT_FAILURE
     return exit_code_of(code)
 
