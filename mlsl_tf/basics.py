@@ -19,14 +19,26 @@ FAILURE_FILE_ENV = "MLSL_TF_FAILURE_FILE"
 _PEER_FAILURE_WORDS = ("so collectives can no longer complete", "the background cycle failed")
 
 
+def _graph_error_message(text):
+    """The op's own message line out of TensorFlow's "Graph execution error:\n\nDetected at node
+    ... (most recent call last):\n  File ...\n\n<message>" text; other text unchanged."""
+    if not text.startswith("Graph execution error:"):
+        return text
+    for line in text.splitlines()[1:]:
+        if line.strip() and not line[0].isspace() and not line.startswith(("Detected at node", "Node: ")):
+            return line
+    return text
+
+
 def _record_failure(error):
     """Writes when and why this rank failed for mlslrun, which blames the first rank whose
     failure was not caused by another rank's."""
     path = os.environ.get(FAILURE_FILE_ENV)
     if not path:
         return
-    # TensorFlow wraps an op's message in "{{function_node ...}} ... [Op:Name]": keep the message
-    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]\s*$", "", str(error))
+    # TensorFlow wraps an op's message in "{{function_node ...}} ... [Op:Name]", and inside a
+    # tf.function puts it after "Graph execution error:" and the node's stack: keep the message
+    message = re.sub(r"^\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]\s*$", "", _graph_error_message(str(error)))
     text = f"{type(error).__name__}: {message}"
     record = {"time": time.time(), "pid": os.getpid(), "error": text.splitlines()[0][:500] if text else "",
               "caused_by_peer": any(w in text for w in _PEER_FAILURE_WORDS)}

@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--verbose", action="store_true", help="print the command mlslrun runs")
     p.add_argument("--output-filename", dest="output_filename", metavar="DIR",
                    help="also write each rank's output to DIR/rank.R/{stdout,stderr}")
+    p.add_argument("--tag-output", dest="tag_output", action=argparse.BooleanOptionalAction,
+                   default=True, help="prefix every line a rank prints with [RANK]<stdout>: or "
+                   "[RANK]<stderr>: and keep the ranks' lines whole (default: on)")
     p.add_argument("--start-timeout", dest="start_timeout", type=float, metavar="S",
                    help="fail if some rank has not started after S seconds "
                    "(checked only when all hosts see this machine's temp dir); "
@@ -118,6 +121,7 @@ def parse_args(argv: Sequence[str]) -> RunConfig:
         show_help=ns.show_help,
         mpi_args=tuple(_split_mpi_args(ns.mpi_args)),
         flag_env=tuple(_flag_env(ns)),
+        tag_output=ns.tag_output,
     )
     _validate(cfg)
     return cfg

@@ -37,6 +37,7 @@ class RunConfig:
     ``hosts`` is the parsed ``-H`` list; ``hostfile`` the path given to
     ``--hostfile`` (read by launch.py, parsed by hosts.parse_hostfile).
     ``flag_env`` holds (VAR, value) pairs produced by rank_env.ENV_FLAGS entries.
+    ``tag_output``: prefix each line of a rank's output with ``[R]<stdout>:`` / ``[R]<stderr>:``.
     """
 
     num_proc: Optional[int]
@@ -52,3 +53,4 @@ class RunConfig:
     show_help: bool = False
     mpi_args: tuple[str, ...] = ()
     flag_env: tuple[tuple[str, str], ...] = ()
+    tag_output: bool = True

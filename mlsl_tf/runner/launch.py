@@ -3,7 +3,11 @@
 The I/O half of the launcher.  main() parses the command line, finds
 mpiexec (next to this Python first, then on PATH) or srun, asks
 ``mpiexec --version`` which MPI it is, runs the launcher without a shell,
-forwards SIGINT/SIGTERM to it and returns its exit status.
+forwards SIGINT/SIGTERM to it and returns its exit status.  The launcher gets
+SIGKILL from Linux if mlslrun dies, even by SIGKILL (PR_SET_PDEATHSIG): its
+per-host proxies then lose their connection to it and exit, and every rank's
+wrapper, seeing its parent gone, stops its rank (task.py).  (SIGTERM would not
+do: hydra's mpiexec only forwards a first SIGTERM to the ranks and waits.)
 
 While the job runs, mlslrun watches a status directory it creates in the
 local temp dir, where every rank's wrapper (task.py) writes a start marker
@@ -11,16 +15,21 @@ and, at the end, how it ended.  From it mlslrun
   * stops the whole job as soon as one rank fails (hydra keeps the other
     ranks running when a non-MPI process exits non-zero) and reports that
     rank as the cause;
-  * enforces --start-timeout.
+  * enforces --start-timeout;
+  * when no rank failed but the launcher did (MPI aborts a job one of whose
+    ranks exited 0 without finalising, e.g. by os._exit(0)), names the rank
+    that exited first while the others still ran.
 Both only see ranks on hosts that share this path (this machine, or a shared
 file system at the same path); on other hosts the ranks still run, but
 --start-timeout would count them as not started, so use it only there
 (and task.py creates the same temp path on such hosts, unused).
 """
 
+import ctypes
 import dataclasses
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -39,6 +48,7 @@ from mlsl_tf.runner.launchers import (Flavour, build_launch_argv, choose_launche
 from mlsl_tf.runner.rank_env import format_seconds, missing_env
 
 POLL_S = 0.1
+PEER_GRACE_S = 3.0  # how long a failure that only reports another rank's end waits for its cause
 STOP_GRACE_S = 10.0  # after SIGTERM, how long the launcher gets before SIGKILL
 VERSION_TIMEOUT_S = 60.0
 EXIT_USAGE = 2
@@ -175,6 +185,40 @@ def first_failure(statuses: Sequence[task.RankStatus]) -> Optional[task.RankStat
                                       s.time if s.failed_at is None else s.failed_at, s.rank))
 
 
+_SHUT_DOWN = re.compile(r"\brank (\d+) shut down\b")
+
+
+def shut_down_peer(failure: task.RankStatus) -> Optional[int]:
+    """The rank a failure only reports the end of (mlsl_tf's "rank N shut down, so collectives
+    can no longer complete"), or None (pure)."""
+    m = _SHUT_DOWN.search(failure.error or "") if failure.caused_by_peer else None
+    return int(m.group(1)) if m and int(m.group(1)) != failure.rank else None
+
+
+def blame(failure: task.RankStatus, status_dir: str) -> str:
+    """The summary of the job's failure: the failed rank, or, when its failure only reports that
+    another rank shut down first (it exited, even with code 0, or called shutdown() while the
+    others still needed it), that rank, then the report."""
+    peer = shut_down_peer(failure)
+    if peer is None:
+        return failure.describe()
+    host = _read_json(task.start_marker_path(status_dir, peer)).get("host", "?")
+    return (f"rank {peer} (host {host}) left first: it shut mlsl_tf down (exit or shutdown()) while "
+            f"the other ranks still needed it; {failure.describe()}")
+
+
+def early_leaver(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional[task.RankStatus]:
+    """The rank that exited with code 0 first while some other rank still ran (no status yet,
+    or one written later), or None (pure).  For a job whose launcher failed with no failed
+    rank: MPI stops a job when a rank leaves without finalising."""
+    left = sorted((s for s in statuses if not s.failed), key=lambda s: (s.time, s.rank))
+    if not left:
+        return None
+    first = left[0]
+    still_running = num_proc > len(statuses) or any(s.time > first.time for s in statuses if s.rank != first.rank)
+    return first if still_running else None
+
+
 def format_ranks(ranks: Sequence[int]) -> str:
     """``rank 3`` / ``ranks 1, 2`` (pure)."""
     ranks = sorted(ranks)
@@ -186,6 +230,24 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
+def _kill_when_parent_dies():
+    """A preexec_fn giving the child SIGKILL when mlslrun's forking thread (the main one) dies,
+    even by SIGKILL (Linux PR_SET_PDEATHSIG; None where prctl is missing).  The child kills
+    itself if mlslrun died before the request took effect."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(task._PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    return preexec
+
+
 class _Job:
     """The running launcher process and how it is stopped.
 
@@ -195,13 +257,16 @@ class _Job:
     """
 
     def __init__(self, argv: Sequence[str]):
-        self.proc = subprocess.Popen(list(argv), start_new_session=True)
+        self.proc = subprocess.Popen(list(argv), start_new_session=True,
+                                     preexec_fn=_kill_when_parent_dies())
         self.signals_received = 0
+        self.first_signal: Optional[int] = None
         self._kill_at: Optional[float] = None
 
     def on_signal(self, signum: int, _frame=None) -> None:
         self.signals_received += 1
         if self.signals_received == 1:
+            self.first_signal = signum
             self._send(signum)
         else:
             self.kill()
@@ -246,8 +311,11 @@ def _watch(job: _Job, status_dir: str, num_proc: int,
             return code, reason
         if reason is None:
             failure = first_failure(rank_statuses(status_dir, num_proc))
+            if failure is not None and failure.caused_by_peer and shut_down_peer(failure) is None \
+                    and time.time() < (failure.failed_at or failure.time) + PEER_GRACE_S:
+                failure = None  # the rank whose end it reports may still record why it ended
             if failure is not None:
-                reason = f"{failure.describe()}; stopping the other ranks"
+                reason = f"{blame(failure, status_dir)}; stopping the other ranks"
             elif deadline is not None and time.monotonic() > deadline:
                 missing = sorted(set(range(num_proc)) - started_ranks(status_dir, num_proc))
                 if missing:
@@ -256,18 +324,40 @@ def _watch(job: _Job, status_dir: str, num_proc: int,
                               "stopping the job")
                 deadline = None
             if reason is not None:
-                _err(reason)
+                if not job.signals_received:  # else the failure is mlslrun's signal's doing
+                    _err(reason)
                 job.stop()
         time.sleep(POLL_S)
+
+
+def _left_early(code: int, status_dir: str, num_proc: int) -> Optional[task.RankStatus]:
+    """After a job in which no rank failed: when the launcher failed, or a rank that started
+    never recorded its end (the launcher killed it with its wrapper), print which rank left
+    first while others still ran and return it; else None."""
+    statuses = rank_statuses(status_dir, num_proc)
+    ended = {s.rank for s in statuses}
+    vanished = sorted(started_ranks(status_dir, num_proc) - ended)
+    if code == 0 and not vanished:
+        return None
+    leaver = early_leaver(statuses, num_proc)
+    if leaver is None:
+        return None
+    running = [s.rank for s in statuses if s.time > leaver.time] + \
+        [r for r in range(num_proc) if r not in ended]
+    then = (f"then the launcher ended {format_ranks(vanished)}" if vanished
+            else f"the launcher exited with code {exit_code_of(code)}")
+    _err(f"job failed: {leaver.describe()} while {format_ranks(running)} still ran: it left "
+         f"without finishing the job (os._exit, or an exit before mlsl_tf's shutdown?); {then}")
+    return leaver
 
 
 def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
             start_timeout: Optional[float]) -> int:
     """Run the launcher argv, forwarding SIGINT/SIGTERM; returns mlslrun's exit code.
 
-    The code is the failing rank's (its exit code or 128 + signal) when a rank
-    failed, 1 when mlslrun stopped the job for --start-timeout, otherwise the
-    launcher's own.
+    The code is 128 + the signal when mlslrun was sent SIGINT/SIGTERM, the
+    failing rank's (its exit code or 128 + signal) when a rank failed, 1 when
+    mlslrun stopped the job for --start-timeout, otherwise the launcher's own.
     """
     job = _Job(argv)
     previous = {s: signal.signal(s, job.on_signal) for s in task.FORWARDED_SIGNALS}
@@ -276,12 +366,15 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
+    if job.first_signal is not None:
+        _err(f"job stopped: mlslrun received {task.signal_name(job.first_signal)}")
+        return 128 + job.first_signal
     failure = first_failure(rank_statuses(status_dir, num_proc))
     if failure is not None:
         if stopped_because is None:
-            _err(f"job failed: {failure.describe()}")
+            _err(f"job failed: {blame(failure, status_dir)}")
         return failure.wrapper_exit_code
-    if stopped_because is not None or job.signals_received:
+    if stopped_because is not None or _left_early(code, status_dir, num_proc) is not None:
         return exit_code_of(code) or EXIT_FAILURE
     return exit_code_of(code)
 

@@ -86,6 +86,8 @@ def rank_command(python: str, task_py: str, cfg: RunConfig,
         opts += ["--output-filename", cfg.output_filename]
     if status_dir is not None:
         opts += ["--status-dir", status_dir]
+    if cfg.tag_output:
+        opts.append("--tag-output")
     return (python, task_py, *opts, "--", *cfg.command)
 
 

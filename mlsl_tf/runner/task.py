@@ -12,9 +12,18 @@ On every rank it:
   * with ``--output-filename DIR`` copies the command's stdout and stderr to
     ``DIR/rank.R/stdout`` and ``DIR/rank.R/stderr`` as well as to the console,
     R zero-padded to the width of the largest rank as horovodrun does;
+  * with ``--tag-output`` (mlslrun's default) reads the command's stdout and stderr
+    through pipes and writes them on line by line, each line prefixed with
+    ``[R]<stdout>:`` / ``[R]<stderr>:`` (Horovod's tags) in one write of at most
+    PIPE_BUF bytes, so the launcher never gets half a line (lines longer than that
+    may still be split); a last line without newline is written at exit, with one;
   * forwards SIGTERM and SIGINT to the command, which runs in its own process
     group (so a launcher signalling this process group does not signal it twice)
     and dies with this wrapper (PR_SET_PDEATHSIG) if the wrapper is killed;
+  * stops the command when its own parent (the launcher's per-host proxy) is gone:
+    SIGTERM at once (PR_SET_PDEATHSIG on this process, and a watcher thread that
+    sees the parent pid change), SIGKILL LAUNCHER_GONE_GRACE_S later, so a job whose
+    mlslrun or mpiexec was killed does not keep training;
   * when the command fails, prints one line naming rank, host and pid and exits
     non-zero (the command's code, or 128 + signal number);
   * with MLSL_TF_COMM_CORE set (mlslrun --comm-core), starts the command with a CPU
@@ -29,6 +38,7 @@ import ctypes
 import dataclasses
 import json
 import os
+import select as select_module
 import signal
 import socket
 import subprocess
@@ -36,6 +46,8 @@ import sys
 import threading
 import time
 from typing import BinaryIO, Callable, Mapping, Optional, Sequence
+
+_STARTED_BY = os.getppid()  # as early as possible: the parent may die while this file loads
 
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK")
 # MPICH/Intel MPI hydra, Open MPI, SLURM: this process's rank among the ranks of its host.
@@ -46,6 +58,10 @@ FAILURE_FILE_ENV = "MLSL_TF_FAILURE_FILE"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _PR_SET_PDEATHSIG = 1
 _TEE_JOIN_S = 10.0  # how long to wait for output still buffered after the command exits
+LAUNCHER_GONE_GRACE_S = 2.0  # after the parent vanished: SIGTERM, then SIGKILL this much later
+_PARENT_POLL_S = 0.25
+_LINE_WRITE_MAX = getattr(select_module, "PIPE_BUF", 4096)  # a pipe write this size is atomic
+_LINE_MAX = 1 << 16  # a longer line without newline is written on in pieces of this size
 
 
 @dataclasses.dataclass(frozen=True)
@@ -289,44 +305,110 @@ def _preexec_fn(cpus: Optional[set[int]] = None) -> Optional[Callable[[], None]]
     return preexec
 
 
-def _tee(src_fd: int, file: BinaryIO, console: BinaryIO) -> None:
-    """Copy bytes from src_fd to file and console until EOF."""
-    try:
-        while True:
-            data = os.read(src_fd, 65536)
-            if not data:
+def output_tag(rank: int, stream: str) -> bytes:
+    """Horovod's prefix of a rank's output line: ``[1]<stdout>:``."""
+    return f"[{rank}]<{stream}>:".encode()
+
+
+def tag_lines(pending: bytes, data: bytes, tag: bytes, final: bool = False) -> tuple[list[bytes], bytes]:
+    """(tagged complete lines, bytes still waiting for their newline) after ``data`` arrived
+    behind ``pending`` (pure).  ``final``: the stream ended, so a last partial line is
+    tagged too and given its newline.  A line longer than _LINE_MAX without newline
+    is passed on in _LINE_MAX pieces, each a tagged line of its own."""
+    buf = pending + data
+    lines = buf.split(b"\n")
+    rest = lines.pop()
+    out = [tag + line + b"\n" for line in lines]
+    while len(rest) >= _LINE_MAX:
+        out.append(tag + rest[:_LINE_MAX] + b"\n")
+        rest = rest[_LINE_MAX:]
+    if final and rest:
+        out.append(tag + rest + b"\n")
+        rest = b""
+    return out, rest
+
+
+def batch_lines(lines: Sequence[bytes], limit: int = _LINE_WRITE_MAX) -> list[bytes]:
+    """Whole lines joined into writes of at most ``limit`` bytes (a longer line alone) (pure)."""
+    writes: list[bytes] = []
+    for line in lines:
+        if writes and len(writes[-1]) + len(line) <= limit:
+            writes[-1] += line
+        else:
+            writes.append(line)
+    return writes
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    while data:
+        data = data[os.write(fd, data):]
+
+
+class _Pump:
+    """Copies the command's stdout or stderr (a pipe) to a file, raw, and to the console, tagged
+    line by line or raw, until EOF."""
+
+    def __init__(self, src_fd: int, console_fd: int, file: Optional[BinaryIO], tag: Optional[bytes]):
+        self.src_fd, self.console_fd, self.file, self.tag = src_fd, console_fd, file, tag
+        self.console_ok = True
+
+    def run(self) -> None:
+        pending = b""
+        try:
+            while True:
+                data = os.read(self.src_fd, 65536)
+                if self.file is not None and data:
+                    try:
+                        self.file.write(data)
+                        self.file.flush()
+                    except (OSError, ValueError):
+                        pass
+                if self.tag is None:
+                    self._console([data] if data else [])
+                else:
+                    lines, pending = tag_lines(pending, data, self.tag, final=not data)
+                    self._console(batch_lines(lines))
+                if not data:
+                    return
+        finally:
+            os.close(self.src_fd)
+
+    def _console(self, writes: Sequence[bytes]) -> None:
+        for chunk in writes:
+            if not self.console_ok:
                 return
-            for dst in (file, console):
-                try:
-                    dst.write(data)
-                    dst.flush()
-                except (OSError, ValueError):
-                    pass  # a closed console must not stop the file copy
-    finally:
-        os.close(src_fd)
+            try:
+                _write_all(self.console_fd, chunk)
+            except OSError:
+                self.console_ok = False  # a closed console must not stop the file copy
 
 
 class _Child:
     """The user's command as a child process, its output copiers and signal forwarding."""
 
-    def __init__(self, command: Sequence[str], output_dir: Optional[str], cpus: Optional[set[int]] = None):
+    def __init__(self, command: Sequence[str], output_dir: Optional[str], cpus: Optional[set[int]] = None,
+                 tag_rank: Optional[int] = None):
         self.forwarded: Optional[int] = None
         self._threads: list[threading.Thread] = []
         self._files: list[BinaryIO] = []
-        pipe = subprocess.PIPE if output_dir is not None else None
+        pipe = subprocess.PIPE if output_dir is not None or tag_rank is not None else None
         # close_fds=False: the process manager's PMI connection (hydra's PMI_FD)
         # is an inherited descriptor the command's MPI_Init must still find.
         self.proc = subprocess.Popen(list(command), stdout=pipe, stderr=pipe,
                                      close_fds=False, process_group=0,
                                      preexec_fn=_preexec_fn(cpus))
-        if output_dir is not None:
-            for name, stream, console in (("stdout", self.proc.stdout, sys.stdout.buffer),
-                                          ("stderr", self.proc.stderr, sys.stderr.buffer)):
-                f = open(os.path.join(output_dir, name), "wb")
-                self._files.append(f)
+        if pipe is not None:
+            for name, stream, console in (("stdout", self.proc.stdout, sys.stdout),
+                                          ("stderr", self.proc.stderr, sys.stderr)):
+                f = None
+                if output_dir is not None:
+                    f = open(os.path.join(output_dir, name), "wb")
+                    self._files.append(f)
                 fd = os.dup(stream.fileno())
                 stream.close()
-                t = threading.Thread(target=_tee, args=(fd, f, console), daemon=True)
+                console.flush()
+                tag = None if tag_rank is None else output_tag(tag_rank, name)
+                t = threading.Thread(target=_Pump(fd, console.fileno(), f, tag).run, daemon=True)
                 t.start()
                 self._threads.append(t)
 
@@ -336,6 +418,21 @@ class _Child:
         try:
             self.proc.send_signal(signum)
         except ProcessLookupError:
+            pass
+
+    def stop_orphaned(self) -> None:
+        """The wrapper's parent is gone: SIGTERM the command now, SIGKILL its process group
+        LAUNCHER_GONE_GRACE_S later if it is still there."""
+        if self.forwarded is None:
+            self.forward(signal.SIGTERM)
+        deadline = time.monotonic() + LAUNCHER_GONE_GRACE_S
+        while time.monotonic() < deadline:
+            if _pid_gone(self.proc.pid):
+                return
+            time.sleep(0.05)
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
             pass
 
     def wait(self) -> int:
@@ -353,12 +450,49 @@ class _Child:
         return code
 
 
+def _pid_gone(pid: int) -> bool:
+    """Whether ``pid`` has exited (a zombie counts as gone); never reaps it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            pass
+        return False
+
+
+def _die_with_parent(parent: int) -> bool:
+    """Ask Linux for SIGTERM when the parent that started this wrapper exits (PR_SET_PDEATHSIG;
+    skipped where prctl is missing); False when that parent is gone already."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+    return os.getppid() == parent
+
+
+def _watch_parent(parent: int, child: "_Child") -> None:
+    """Thread: stop the command once the wrapper's parent has changed (it died)."""
+    while os.getppid() == parent:
+        if _pid_gone(child.proc.pid):
+            return
+        time.sleep(_PARENT_POLL_S)
+    _warn("the launcher is gone; stopping the command")
+    child.stop_orphaned()
+
+
 def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="mlslrun-task", allow_abbrev=False,
                                 description="mlslrun's per-rank wrapper")
     p.add_argument("--num-proc", type=int, help="world size, for rank.R padding")
     p.add_argument("--output-filename", help="write output to DIR/rank.R/{stdout,stderr}")
     p.add_argument("--status-dir", help="where to write start.R.json and status.R.json")
+    p.add_argument("--tag-output", action="store_true",
+                   help="prefix each output line with [RANK]<stdout>: / [RANK]<stderr>:")
     p.add_argument("command", nargs=argparse.REMAINDER)
     ns = p.parse_args(argv)
     if ns.command and ns.command[0] == "--":
@@ -370,7 +504,11 @@ def _parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Run the command for this rank; returns the wrapper's exit code."""
+    parent = _STARTED_BY if argv is None else os.getppid()
     ns = _parse_args(sys.argv[1:] if argv is None else argv)
+    if not _die_with_parent(parent):
+        _warn("the launcher is gone; not starting the command")
+        return 128 + signal.SIGTERM
     try:
         rank = find_rank(os.environ)
     except ValueError as e:
@@ -388,7 +526,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if warning:
         _warn(f"rank {rank}: {warning}")
     try:
-        child = _Child(ns.command, output_dir, cpus)
+        child = _Child(ns.command, output_dir, cpus, rank if ns.tag_output else None)
     except OSError as e:
         print(f"mlslrun: rank {rank} (host {host}) could not start {ns.command[0]!r}: {e}",
               file=sys.stderr, flush=True)
@@ -398,6 +536,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return 127
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, child.forward)
+    threading.Thread(target=_watch_parent, args=(parent, child), daemon=True).start()
     code = child.wait()
     failure = read_failure(failure_path(ns.status_dir, rank)) if ns.status_dir is not None and code != 0 else {}
     failure.pop("pid", None)  # the child's own pid is known here

@@ -5,6 +5,7 @@ user would and asserts on what they print and how they end; figures go to stdout
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import time
@@ -34,8 +35,9 @@ def mlslrun():
 
 
 def records(stdout, tag):
-    """The JSON objects of the lines that start with `tag`."""
-    return [json.loads(line[len(tag) + 1:]) for line in stdout.splitlines() if line.startswith(tag + " ")]
+    """The JSON objects of the lines that start with `tag` (after mlslrun's `[R]<stdout>:`)."""
+    lines = (re.sub(r"^\[\d+\]<stdout>:", "", line) for line in stdout.splitlines())
+    return [json.loads(line[len(tag) + 1:]) for line in lines if line.startswith(tag + " ")]
 
 
 def report(**figures):

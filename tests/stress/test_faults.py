@@ -20,8 +20,8 @@ FAULTS = {
 EXPECTED = {
     "raise": (1, 1, "exited with code 1: ValueError: rank 1 raised"),
     "sigkill": (137, 1, "was killed by signal SIGKILL"),
-    "shutdown": (1, 0, "rank 1 shut down"),
-    "exit0": (1, 0, "rank 1 shut down"),
+    "shutdown": (1, 1, "left first: it shut mlsl_tf down"),
+    "exit0": (1, 1, "left first: it shut mlsl_tf down"),
 }
 
 

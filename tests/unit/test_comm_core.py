@@ -119,7 +119,7 @@ def test_mlslrun_comm_core_end_to_end():
         pytest.fail("the ops library is not built (make lib)")
     comm = max(ALLOWED)
     env = dict(os.environ, PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
-    r = subprocess.run([sys.executable, "-m", "mlsl_tf.runner", "-np", "1", "--comm-core", str(comm),
+    r = subprocess.run([sys.executable, "-m", "mlsl_tf.runner", "-np", "1", "--no-tag-output", "--comm-core", str(comm),
                         sys.executable, "-c", THREAD_AFFINITIES.format(root=ROOT, comm=str(comm))],
                        env=env, capture_output=True, text=True, timeout=220, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr[-3000:]

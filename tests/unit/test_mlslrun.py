@@ -247,8 +247,9 @@ def test_sigterm_to_mlslrun_stops_the_job(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
-    assert proc.returncode != 0
+    assert proc.returncode == 128 + signal.SIGTERM, err
     assert "SIGTERM (sent by the launcher)" in err
+    assert err.rstrip().endswith("mlslrun: job stopped: mlslrun received SIGTERM"), err
 
 
 def test_unknown_flag_is_a_usage_error(capsys):
@@ -451,3 +452,191 @@ def test_found_mpiexec_is_recognised():
     from mlsl_tf.runner import launchers
     text = launch.mpi_version_text(launch.find_mpiexec())
     assert launchers.detect_flavour(text) in ("mpich", "openmpi", "intel")
+
+
+# ---------------------------------------------------------------- faults the launcher must survive
+
+
+def job_processes(marker):
+    """pids of live processes whose environment holds MLSLRUN_TEST_JOB=marker: mlslrun, mpiexec,
+    hydra's proxies, the wrappers and the ranks of one job."""
+    needle = f"MLSLRUN_TEST_JOB={marker}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/environ", "rb") as f:
+                    if needle in f.read().split(b"\0"):
+                        found.append(int(entry))
+            except OSError:
+                pass
+    return found
+
+
+def alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
+@needs_mpi
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
+def test_sigkill_of_mlslrun_leaves_no_rank_behind(tmp_path):
+    marker = f"{os.getpid()}-{time.monotonic_ns()}"
+    env = mlslrun_env()
+    env["MLSLRUN_TEST_JOB"] = marker
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlsl_tf.runner", "-np", "2", *program(f"""
+            d = {str(tmp_path)!r}
+            open(f"{{d}}/pid.{{RANK}}.tmp", "w").write(str(os.getpid()))
+            os.rename(f"{{d}}/pid.{{RANK}}.tmp", f"{{d}}/pid.{{RANK}}")
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a rank deaf to SIGTERM is killed too
+            while True:
+                open(f"{{d}}/beat.{{RANK}}", "w").write(str(time.time()))
+                time.sleep(0.1)
+        """)], env=env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        stdin=subprocess.DEVNULL)
+    pids = []
+    try:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not all((tmp_path / f"beat.{r}").exists() for r in (0, 1)):
+            assert proc.poll() is None and time.monotonic() < deadline, "the ranks did not start"
+            time.sleep(0.1)
+        pids = [int((tmp_path / f"pid.{r}").read_text()) for r in (0, 1)]
+        proc.kill()
+        proc.wait(10)
+        killed_at = time.monotonic()
+        while time.monotonic() < killed_at + 5 and (job_processes(marker) or any(map(alive, pids))):
+            time.sleep(0.1)
+        assert not [p for p in pids if alive(p)], "ranks still running 5 s after mlslrun was killed"
+        assert job_processes(marker) == [], "mpiexec, proxies or wrappers left 5 s after mlslrun was killed"
+    finally:
+        for pid in set(job_processes(marker) + [p for p in pids if alive(p)]):
+            os.kill(pid, signal.SIGKILL)  # this test's own job, if the launcher left it
+
+
+@needs_mpi
+def test_rank_that_leaves_with_os_exit_0_is_named():
+    r = mlslrun("-np", "2", *program("""
+        from mpi4py import MPI
+        MPI.COMM_WORLD.barrier()
+        if RANK == 1:
+            time.sleep(0.5)
+            os._exit(0)
+        time.sleep(600)
+    """))
+    assert r.returncode != 0, r.stderr
+    blamed = [line for line in r.stderr.splitlines() if line.startswith("mlslrun: ")]
+    assert blamed and re.match(r"mlslrun: job failed: rank 1 \(host .*exited with code 0 while rank 0 still ran",
+                               blamed[-1]), r.stderr
+
+
+@needs_mpi
+def test_error_inside_tf_function_reaches_the_summary():
+    r = mlslrun("-np", "2", *program("""
+        import mlsl_tf as hvd, tensorflow as tf
+        hvd.init()
+
+        @tf.function
+        def step():
+            return hvd.allreduce(tf.ones([RANK + 1]), name="mismatched")
+
+        step()
+    """), timeout=240)
+    assert r.returncode == 1, r.stderr
+    blamed = [line for line in r.stderr.splitlines() if line.startswith("mlslrun: ")][0]
+    assert "Graph execution error" not in blamed, r.stderr
+    assert "allreduce 'mismatched': shape [1] on rank 0 vs [2] on rank 1" in blamed, r.stderr
+
+
+LINE_CHARS, LINES = 3000, 400
+
+
+def whole_lines_check(text, stream, lines=LINES):
+    """Every line of ``text`` is '[R]<stream>:R:i:RRR...' whole; each rank's i run 0..lines-1,
+    and the last one (written without newline) is there too."""
+    seen = {0: [], 1: []}
+    pattern = re.compile(rf"\[(\d)\]<{stream}>:(\d):(\d+):(\d+)")
+    for line in text.splitlines():
+        m = pattern.fullmatch(line)
+        assert m, f"a {stream} line that is not one rank's whole line: {line[:120]!r}...{line[-60:]!r}"
+        tag, rank, i, body = int(m[1]), int(m[2]), int(m[3]), m[4]
+        assert tag == rank and body == str(rank) * LINE_CHARS, f"rank {tag}'s line {i} is mixed"
+        seen[rank].append(i)
+    assert seen == {0: list(range(lines + 1)), 1: list(range(lines + 1))}, "lines lost or reordered"
+
+
+@needs_mpi
+def test_output_lines_are_tagged_and_whole():
+    # block-buffered writes of long lines from both ranks at once: 8 KiB writes cut lines anywhere
+    r = mlslrun("-np", "2", *program(f"""
+        body = str(RANK) * {LINE_CHARS}
+        for i in range({LINES}):
+            sys.stdout.write(f"{{RANK}}:{{i}}:{{body}}\\n")
+            sys.stderr.write(f"{{RANK}}:{{i}}:{{body}}\\n")
+        sys.stdout.write(f"{{RANK}}:{LINES}:{{body}}")  # no newline at the end
+        sys.stderr.write(f"{{RANK}}:{LINES}:{{body}}")
+    """))
+    assert r.returncode == 0, r.stderr[-2000:]
+    whole_lines_check(r.stdout, "stdout")
+    whole_lines_check(r.stderr, "stderr")
+
+
+@needs_mpi
+def test_no_tag_output_passes_output_unchanged(tmp_path):
+    r = mlslrun("-np", "2", "--no-tag-output", "--output-filename", str(tmp_path), *program("""
+        print(f"plain {RANK}", flush=True)
+    """))
+    assert r.returncode == 0, r.stderr
+    # untagged, the ranks' bytes reach the console as the launcher merges them (even mid-line)
+    assert "<stdout>:" not in r.stdout and sorted(r.stdout) == sorted("plain 0\nplain 1\n"), r.stdout
+    assert (tmp_path / "rank.1" / "stdout").read_text() == "plain 1\n"
+
+
+def test_tag_lines():
+    tag = task.output_tag(3, "stderr")
+    assert tag == b"[3]<stderr>:"
+    assert task.tag_lines(b"", b"a\nbc", tag) == ([b"[3]<stderr>:a\n"], b"bc")
+    assert task.tag_lines(b"bc", b"d\n\n", tag) == ([b"[3]<stderr>:bcd\n", b"[3]<stderr>:\n"], b"")
+    assert task.tag_lines(b"x", b"", tag, final=True) == ([b"[3]<stderr>:x\n"], b"")
+    assert task.tag_lines(b"", b"", tag, final=True) == ([], b"")
+    long = b"y" * (task._LINE_MAX + 5)
+    assert task.tag_lines(b"", long, tag) == ([tag + b"y" * task._LINE_MAX + b"\n"], b"yyyyy")
+
+
+def test_batch_lines_keeps_lines_whole():
+    lines = [b"a" * 3, b"b" * 4, b"c" * 9, b"d" * 2]
+    assert task.batch_lines(lines, limit=8) == [b"aaabbbb", b"c" * 9, b"dd"]
+    assert task.batch_lines([], limit=8) == []
+
+
+def test_early_leaver():
+    left = status(1, code=0, t=1.0)
+    assert launch.early_leaver([left], 2) == left  # rank 0 never reported: it was still running
+    assert launch.early_leaver([status(0, code=0, t=5.0), left], 2) == left
+    assert launch.early_leaver([status(0, code=0, t=1.0), status(1, code=0, t=1.0)], 2) is None
+    assert launch.early_leaver([status(0, code=1, t=0.5)], 2) is None
+
+
+def test_graph_execution_error_keeps_the_op_message():
+    text = ("Graph execution error:\n\nDetected at node MlslAllreduce defined at (most recent call last):\n"
+            '  File "t.py", line 7, in <module>\n\n  File "<string>", line 110, in mlsl_allreduce\n\n'
+            "mlsl_tf: allreduce 'm': shape [1] on rank 0 vs [2] on rank 1\n"
+            "\t [[{{node MlslAllreduce}}]] [Op:__inference_f_6]")
+    assert hvd_basics._graph_error_message(text) == "mlsl_tf: allreduce 'm': shape [1] on rank 0 vs [2] on rank 1"
+    assert hvd_basics._graph_error_message("plain\nmessage") == "plain\nmessage"
+
+
+def test_blame_names_the_rank_that_shut_down(tmp_path):
+    d = str(tmp_path)
+    with open(task.start_marker_path(d, 1), "w") as f:
+        json.dump({"rank": 1, "host": "hx", "pid": 7, "time": 0.0}, f)
+    error = "AbortedError: mlsl_tf: rank 1 shut down, so collectives can no longer complete"
+    hit = status(0, code=1, t=2.0, failed_at=1.0, caused_by_peer=True, error=error)
+    assert launch.shut_down_peer(hit) == 1
+    assert launch.blame(hit, d).startswith("rank 1 (host hx) left first: it shut mlsl_tf down")
+    assert launch.blame(hit, d).endswith(hit.describe())
+    own = status(0, code=1, t=2.0, failed_at=1.0, error="ValueError: rank 1 shut down the party")
+    assert launch.shut_down_peer(own) is None and launch.blame(own, d) == own.describe()

@@ -21,7 +21,12 @@ def test_minimal_command_line():
     assert cfg.hosts is None and cfg.hostfile is None
     assert cfg.env == () and cfg.mpi_args == () and cfg.flag_env == ()
     assert not cfg.verbose and cfg.output_filename is None and cfg.start_timeout is None
-    assert cfg.launcher == "auto"
+    assert cfg.launcher == "auto" and cfg.tag_output
+
+
+def test_tag_output_can_be_turned_off():
+    assert not parse_args(["-np", "2", "--no-tag-output", "python", "t.py"]).tag_output
+    assert parse_args(["-np", "2", "--tag-output", "python", "t.py"]).tag_output
 
 
 def test_long_num_proc_and_double_dash():

@@ -21,7 +21,7 @@ def plan_for(args, *, program="mpiexec", environ=None, status_dir="/tmp/st", hos
 
 
 def rank_cmd(*user, np=2, status_dir="/tmp/st", extra=()):
-    return [PY, TASK, "--num-proc", str(np), *extra, "--status-dir", status_dir, "--", *user]
+    return [PY, TASK, "--num-proc", str(np), *extra, "--status-dir", status_dir, "--tag-output", "--", *user]
 
 
 # ---------------------------------------------------------------- flavours
@@ -74,8 +74,9 @@ def test_rank_command_wraps_the_user_command():
     cfg = parse_args(["-np", "12", "--output-filename", "/abs/out", "python", "t.py"])
     assert rank_command(PY, TASK, cfg, "/tmp/st") == (
         PY, TASK, "--num-proc", "12", "--output-filename", "/abs/out",
-        "--status-dir", "/tmp/st", "--", "python", "t.py")
-    assert rank_command(PY, TASK, cfg, None) == (
+        "--status-dir", "/tmp/st", "--tag-output", "--", "python", "t.py")
+    untagged = parse_args(["-np", "12", "--output-filename", "/abs/out", "--no-tag-output", "python", "t.py"])
+    assert rank_command(PY, TASK, untagged, None) == (
         PY, TASK, "--num-proc", "12", "--output-filename", "/abs/out", "--", "python", "t.py")
 
 
