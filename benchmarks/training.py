@@ -238,7 +238,7 @@ def job_argv(ns, model, config, enter, timeline=None):
             ["--impl", "horovod"]
         return argv, clean_env({})
     python = ns.python
-    argv = [python, "-m", "mlsl_tf.runner", "-np", str(ns.np)] + enter + [python, os.path.abspath(__file__)] + \
+    argv = [python, "-m", "mlsl_tf.runner", "-np", str(ns.np), "--no-tag-output"] + enter + [python, os.path.abspath(__file__)] + \
         worker_args
     env = clean_env(CONFIG_ENV.get(config, {}))
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
