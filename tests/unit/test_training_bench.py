@@ -18,9 +18,9 @@ def _ns(**kw):
 
 def test_mlsl_configurations_run_under_mlslrun_with_their_settings():
     argv, env = training.job_argv(_ns(), "resnet50", "fifo", ["ENTER", "--"])
-    assert argv[:5] == ["/py", "-m", "mlsl_tf.runner", "-np", "2"]
-    assert argv[5:7] == ["ENTER", "--"] and argv[7] == "/py" and argv[8].endswith("training.py")
-    assert argv[9:] == ["--worker", "--model", "resnet50", "--config", "fifo"]
+    assert argv[:6] == ["/py", "-m", "mlsl_tf.runner", "-np", "2", "--no-tag-output"]  # it parses the ranks' lines
+    assert argv[6:8] == ["ENTER", "--"] and argv[8] == "/py" and argv[9].endswith("training.py")
+    assert argv[10:] == ["--worker", "--model", "resnet50", "--config", "fifo"]
     assert env["MLSL_TF_PRIORITY"] == "fifo" and env["MLSL_TF_CROSS_ITERATION"] == "0"
     _, env = training.job_argv(_ns(), "resnet50", "overlap", [])
     assert not any(k.startswith("MLSL_TF_") for k in env)  # the defaults, as a user runs it
