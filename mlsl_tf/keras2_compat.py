@@ -34,7 +34,10 @@ Private tf_keras members relied on (for a contract test):
   tf_keras.src.optimizers.optimizer.Optimizer (the two base classes, imported by path).
 """
 
+import json
 import logging
+import os
+import zipfile
 
 import tensorflow as tf
 
@@ -349,6 +352,28 @@ def distributed_optimizer(optimizer, options, backward_passes_per_step, average_
         raise ValueError(f"DistributedOptimizer: the tf_keras optimizer {base.__name__} already has state (slots or "
                          "steps); wrap it before its first step (load_model re-wraps a loaded one with its state)")
     return cls.from_config(optimizer.get_config())
+
+
+def saved_by_keras2(filepath):
+    """Whether the model file was written by Keras 2: a SavedModel directory (Keras 3 writes
+    none), or an .h5 / .keras file whose recorded keras_version is 2.x."""
+    path = os.fspath(filepath)
+    if os.path.isdir(path):
+        return True
+    version = ""
+    try:
+        if path.endswith(".keras"):
+            with zipfile.ZipFile(path) as archive:
+                version = json.loads(archive.read("metadata.json")).get("keras_version", "")
+        else:
+            import h5py
+            with h5py.File(path, "r") as f:
+                version = f.attrs.get("keras_version", "")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return False
+    if isinstance(version, bytes):
+        version = version.decode()
+    return str(version).startswith("2.")
 
 
 def load_model(filepath, custom_objects=None):

@@ -1,4 +1,4 @@
-"""mlsl_tf for Keras 3, with the names of horovod.tensorflow.keras (`import mlsl_tf.keras as hvd`):
+"""mlsl_tf for Keras 3 and Keras 2 (tf_keras), with the names of horovod.tensorflow.keras (`import mlsl_tf.keras as hvd`):
 the basic API, DistributedOptimizer, load_model and `callbacks`.
 
 Keras' interactive output (the progress bars and epoch lines of fit/evaluate/predict,
@@ -9,7 +9,7 @@ it on every rank again."""
 
 import keras
 
-from mlsl_tf import basics
+from mlsl_tf import basics, keras2_compat, keras3_compat
 from mlsl_tf.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size, mpi_threads_supported,
                             rank, set_progress_output, shutdown, size)
 from mlsl_tf.compression import Compression
@@ -46,9 +46,10 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, **kwargs):
-    """Loads a model saved with `model.save` (.keras) and makes its optimizer distributed, state
-    included: the optimizer loaded by Keras becomes a DistributedOptimizer in place, so iteration
-    count, slots and learning rate carry on.
+    """Loads a model saved with `model.save` and makes its optimizer distributed, state included:
+    the optimizer loaded by Keras becomes a DistributedOptimizer in place, so iteration count,
+    slots and learning rate carry on. The Keras that wrote the file reads it: tf_keras for a
+    SavedModel directory and for .h5 / .keras files recording a 2.x keras_version, else Keras 3.
 
     custom_optimizers: optimizer classes the file names besides Keras' own.
     custom_objects: as for keras.models.load_model.
@@ -57,7 +58,8 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects.setdefault(cls.__name__, cls)
-    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    compat = keras2_compat if keras2_compat.available() and keras2_compat.saved_by_keras2(filepath) else keras3_compat
+    model = compat.load_model(filepath, custom_objects=objects or None)
     if getattr(model, "optimizer", None) is not None:
         DistributedOptimizer(model.optimizer, compression=compression, _in_place=True, **kwargs)
     return model
