@@ -37,6 +37,7 @@ Private tf_keras members relied on (for a contract test):
 import json
 import logging
 import os
+import sys
 import zipfile
 
 import tensorflow as tf
@@ -76,8 +77,9 @@ def optimizer_base_classes():
 
 
 def is_keras2(obj):
-    """Whether `obj` (optimizer, model, layer or callback) belongs to tf_keras."""
-    if obj is None or not available():
+    """Whether `obj` (optimizer, model, layer or callback) belongs to tf_keras. Nothing is
+    imported: an object of tf_keras exists only once tf_keras has been imported."""
+    if obj is None or "tf_keras" not in sys.modules:
         return False
     module = type(obj).__module__ or ""
     if module.startswith("tf_keras"):

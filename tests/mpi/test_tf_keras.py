@@ -194,3 +194,17 @@ def test_load_model_savedmodel_round_trip_stays_distributed():
         _fit_half(m, x, y, second=True)
     _assert_close(loaded.get_weights(), model.get_weights(), tol=1e-6)  # plain SGD: no state to lose
     _assert_same_on_all_ranks(loaded.get_weights())
+
+
+def test_sync_batch_norm_normalises_with_the_global_batch():
+    from mlsl_tf.keras.sync_batch_norm import keras2_sync_batch_normalization
+    cls = keras2_sync_batch_normalization()
+    assert issubclass(cls, tf_keras.layers.BatchNormalization)
+    rng = np.random.default_rng(1)
+    # The same global batch on every rank; each rank's rows have their own mean, so local statistics differ.
+    x = (rng.normal(size=(N * B, 3)) + np.repeat(np.arange(N), B)[:, None]).astype("float32")
+    sync, plain = cls(momentum=0.5), tf_keras.layers.BatchNormalization(momentum=0.5)
+    mine = sync(x[R * B:(R + 1) * B], training=True)
+    everyone = plain(x, training=True)
+    _assert_close([mine], [everyone[R * B:(R + 1) * B]])
+    _assert_close(sync.get_weights(), plain.get_weights())  # moving mean and variance too
