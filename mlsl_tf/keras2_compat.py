@@ -20,18 +20,20 @@ collective `{name}.grad.{i}` with priority i (ReduceOptions).
 
 No cross-iteration overlap under Keras 2: the update happens inside the step (logged once).
 
-Private tf_keras members relied on (for a contract test):
-- legacy OptimizerV2: `_compute_gradients(loss, var_list, grad_loss, tape)` (overridden and
-  called through super), `_create_all_weights(var_list)` (builds slots before a conditional
-  apply), `get_slot(var, "momentum")` / `_momentum` (public-ish, SGD momentum buffers).
-- new Keras 2 optimizer (optimizer_experimental): none beyond public `compute_gradients`,
-  `apply_gradients`, `build`, `iterations`, `variables`, `learning_rate`, `momentums` (SGD),
-  and `_built` (whether it has state: a built optimizer is not re-created by DistributedOptimizer).
-- legacy OptimizerV2 `_slots`, `_iterations`, `_name` (state present; the name scope of its slots).
-- tf_keras' CallbackList calls `_implements_{train,test,predict}_batch_hooks()` on callbacks
-  (CallbackHooks answers them).
-- tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2 and
-  tf_keras.src.optimizers.optimizer.Optimizer (the two base classes, imported by path).
+Private tf_keras members relied on (for a contract test), all here except the last:
+- legacy OptimizerV2: `_compute_gradients(loss, var_list, grad_loss=, tape=)` (overridden, and
+  called through super), `_create_all_weights(var_list)` and `_name` (builds the slots before a
+  conditional apply, in the scope apply_gradients uses), `_slots` (var key -> {slot name: var}),
+  `_iterations` (whether it has state), `_momentum` (SGD uses momentum).
+- new Keras 2 optimizer (tf_keras.src.optimizers.optimizer): `_built` (whether it has state).
+  Otherwise only public members: compute_gradients, apply_gradients, build, iterations,
+  variables, learning_rate, momentums (SGD).
+- tf_keras' CallbackList calls `_implements_{train,test,predict}_batch_hooks()` on every
+  callback (CallbackHooks answers them).
+- class paths: tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2,
+  tf_keras.src.optimizers.optimizer.Optimizer, tf_keras.src.engine.base_layer.Layer.
+- mlsl_tf/keras/sync_batch_norm.py: BatchNormalization's
+  `_calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=None)` (overridden).
 """
 
 import json
@@ -376,6 +378,19 @@ def saved_by_keras2(filepath):
     if isinstance(version, bytes):
         version = version.decode()
     return str(version).startswith("2.")
+
+
+def follow_interactive_logging():
+    """Gives tf_keras' progress-output switch (per thread, as Keras 3's) Keras 3's setting, when
+    tf_keras is in use (imported, or `tf.keras` under TF_USE_LEGACY_KERAS=1)."""
+    if "tf_keras" not in sys.modules and not (os.environ.get("TF_USE_LEGACY_KERAS", "") not in ("", "0")):
+        return
+    import keras
+    utils = _tf_keras().utils
+    if keras.config.is_interactive_logging_enabled():
+        utils.enable_interactive_logging()
+    else:
+        utils.disable_interactive_logging()
 
 
 def load_model(filepath, custom_objects=None):
