@@ -242,7 +242,6 @@ class _Keras2DistributedOptimizer:
     def _mlsl_allreduce(self, grads, variables):
         """Reduced gradients (passes == 1), or with k passes: this pass's gradients added to the
         local sums; on every k-th pass the reduced sums (cleared afterwards), else the sums."""
-        _note_synchronous(type(self).__name__)
         if self._mlsl_passes <= 1:
             out = self._mlsl_reduce(grads, variables)
         else:
@@ -336,10 +335,13 @@ def _base_class(optimizer):
 
 
 def distributed_optimizer(optimizer, options, backward_passes_per_step, average_aggregated_gradients,
-                          scale_local_gradients, in_place=False):
+                          scale_local_gradients, in_place=False, overlap_wanted=False):
     """A copy of the tf_keras `optimizer` (same class name, module and config; with
-    in_place=True the optimizer itself) whose gradients are reduced as `options` say."""
+    in_place=True the optimizer itself) whose gradients are reduced as `options` say.
+    overlap_wanted: cross-iteration overlap is on, so say (once) that Keras 2 runs without it."""
     base = _base_class(optimizer)
+    if overlap_wanted:
+        _note_synchronous(base.__name__)
     cls = type(base.__name__, (_Keras2DistributedOptimizer, base), {
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,

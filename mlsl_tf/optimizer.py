@@ -328,7 +328,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                             device_dense, device_sparse)
     if keras2_compat.is_keras2(optimizer):
         return keras2_compat.distributed_optimizer(optimizer, options, backward_passes_per_step,
-                                                   average_aggregated_gradients, scale_local_gradients, _in_place)
+                                                   average_aggregated_gradients, scale_local_gradients, _in_place,
+                                                   overlap_wanted=overlap.enabled(cross_iteration))
     cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                              cross_iteration, scale_local_gradients)
     if _in_place:

@@ -74,3 +74,13 @@ def test_saved_files_are_read_by_the_keras_that_wrote_them(tmp_path):
         assert hvd.is_distributed(loaded.optimizer), name
         np.testing.assert_array_equal(loaded.get_weights()[0], paths[name].get_weights()[0])
     assert not keras2_compat.saved_by_keras2(os.fspath(tmp_path / "missing.h5"))
+
+
+def test_no_overlap_under_keras2_is_logged_once(caplog):
+    keras2_compat._logged_synchronous.clear()
+    with caplog.at_level("INFO", logger="mlsl_tf"):
+        hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), cross_iteration=False)
+        assert "inside the training step" not in caplog.text
+        for _ in range(2):
+            hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), cross_iteration=True)
+    assert caplog.text.count("inside the training step") == 1
