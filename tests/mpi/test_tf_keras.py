@@ -97,20 +97,44 @@ def test_backward_passes_per_step_applies_the_mean_of_two_passes(kind):
     _assert_same_on_all_ranks(model.get_weights())
 
 
-def test_plain_tape_gradients_are_reduced_in_apply_gradients():
-    """A custom loop: tape.gradient then apply_gradients (no compute_gradients) still averages."""
+def _reference_step(x, y, lr):
+    model = _model()
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(tf.square(model(x) - y))
+    tf_keras.optimizers.SGD(learning_rate=lr).apply_gradients(
+        zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+    return model.get_weights()
+
+
+@pytest.mark.parametrize("path", ["tape_then_apply", "compute_then_apply", "minimize"])
+def test_each_path_reduces_exactly_once(path):
+    """op=Sum with lr/N equals the global-batch step only if the gradients are summed once."""
     x, y = _data(steps=1)
     model = _model()
-    opt = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(learning_rate=0.1))
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(model(_shard(x)) - _shard(y)))
-    opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
-    reference = _model()
-    with tf.GradientTape() as tape:
-        loss = tf.reduce_mean(tf.square(reference(x) - y))
-    tf_keras.optimizers.SGD(learning_rate=0.1).apply_gradients(
-        zip(tape.gradient(loss, reference.trainable_variables), reference.trainable_variables))
-    _assert_close(model.get_weights(), reference.get_weights())
+    opt = hvd.DistributedOptimizer(tf_keras.optimizers.SGD(learning_rate=0.1 / N), op=hvd.Sum)
+
+    def loss():
+        return tf.reduce_mean(tf.square(model(_shard(x)) - _shard(y)))
+
+    if path == "tape_then_apply":
+        with tf.GradientTape() as tape:
+            value = loss()
+        opt.apply_gradients(zip(tape.gradient(value, model.trainable_variables), model.trainable_variables))
+    elif path == "compute_then_apply":
+        opt.apply_gradients(opt._compute_gradients(loss, var_list=model.trainable_variables))
+    else:
+        opt.minimize(loss, model.trainable_variables)
+    _assert_close(model.get_weights(), _reference_step(x, y, 0.1))
+
+
+def test_groups_and_predivide_factor_give_the_same_weights():
+    x, y = _data()
+    model = _model()
+    opt = hvd.DistributedOptimizer(OPTIMIZERS["legacy"](), num_groups=2, gradient_predivide_factor=2.0)
+    model.compile(optimizer=opt, loss="mse")
+    model.fit(_shard(x), _shard(y), batch_size=B, epochs=1, shuffle=False, verbose=0)
+    _assert_close(model.get_weights(), _reference("legacy", x, y, N * B))
+    _assert_same_on_all_ranks(model.get_weights())
 
 
 def test_wrapping_an_optimizer_with_state_is_refused():
