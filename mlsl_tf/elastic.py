@@ -16,6 +16,7 @@ import copy
 
 import tensorflow as tf
 
+from mlsl_tf import keras_flavour
 from mlsl_tf.basics import rank
 from mlsl_tf.functions import broadcast_object, broadcast_variables
 
@@ -140,7 +141,8 @@ class TensorFlowKerasState(ObjectState):
         super().__init__(**kwargs)
 
     def _variables(self):
-        opt_vars = list(self.optimizer.variables) if self.optimizer is not None else []
+        opt_vars = keras_flavour.of(self.optimizer).optimizer_variables(self.optimizer) \
+            if self.optimizer is not None else []
         return list(self.model.variables), opt_vars
 
     def _save_model(self):

@@ -17,7 +17,7 @@ import weakref
 
 import tensorflow as tf
 
-from mlsl_tf import ops, overlap
+from mlsl_tf import keras2_compat, ops, overlap
 from mlsl_tf.compression import Compression
 from mlsl_tf.groups import check_reduction_group
 
@@ -278,7 +278,7 @@ def keras_variable_class():
 
 def is_distributed(optimizer):
     """Whether `optimizer` was made by DistributedOptimizer (or re-wrapped by load_model)."""
-    return isinstance(optimizer, _DistributedOptimizer)
+    return isinstance(optimizer, _DistributedOptimizer) or keras2_compat.is_distributed(optimizer)
 
 
 def _base_class(optimizer):
@@ -319,7 +319,9 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
                          groups=None, process_set=None, scale_local_gradients=True, group=None, cross_iteration=None,
                          _in_place=False):
     """Returns a copy of the Keras 3 `optimizer` (same class, config and, if built, state) whose
-    `apply`/`apply_gradients` first reduce the gradients over all ranks.
+    `apply`/`apply_gradients` first reduce the gradients over all ranks. A Keras 2 (tf_keras)
+    optimizer, legacy or new, gets Horovod's Keras 2 wrapper instead (mlsl_tf/keras2_compat.py):
+    gradients reduced where they are computed, updates inside the step.
 
     name: prefix of the collectives' names (default "DistributedOptimizer").
     compression: Compression.none or .fp16, applied around each allreduce.
@@ -343,6 +345,10 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     options = ReduceOptions(name or "DistributedOptimizer", compression, sparse_as_dense, op,
                             gradient_predivide_factor, num_groups, groups, process_set if group is None else group,
                             device_dense, device_sparse)
+    if keras2_compat.is_keras2(optimizer):
+        return keras2_compat.distributed_optimizer(optimizer, options, backward_passes_per_step,
+                                                   average_aggregated_gradients, scale_local_gradients, _in_place,
+                                                   overlap_wanted=overlap.enabled(cross_iteration))
     cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                              cross_iteration, scale_local_gradients)
     if _in_place:

@@ -1,5 +1,7 @@
-"""mlsl_tf for Keras 3, with the names of horovod.tensorflow.keras (`import mlsl_tf.keras as hvd`):
-the basic API, DistributedOptimizer, load_model and `callbacks`.
+"""mlsl_tf for Keras 3 and Keras 2 (tf_keras), with horovod.tensorflow.keras' names.
+
+`import mlsl_tf.keras as hvd`: the basic API, DistributedOptimizer, load_model and `callbacks`;
+each takes Keras 3 or tf_keras objects alike (mlsl_tf/keras2_compat.py for the latter).
 
 Keras' interactive output (the progress bars and epoch lines of fit/evaluate/predict,
 model.summary) is printed by rank 0 only: `init()` here, or importing this module after
@@ -7,19 +9,24 @@ mlsl_tf.init(), sends it to absl logging (not shown by default) on the other ran
 `model.fit(..., verbose=1)` needs no `if hvd.rank() == 0`. `set_progress_output("all")` asks for
 it on every rank again."""
 
-import keras
-
-from mlsl_tf import groups
+from mlsl_tf import basics, groups, keras2_compat, keras3_compat
 from mlsl_tf.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size, mpi_threads_supported,
-                            rank, set_progress_output, shutdown, size)
+                            rank, shutdown, size)
 from mlsl_tf.compression import Compression
 from mlsl_tf.functions import allgather_object, broadcast_object, broadcast_variables
 from mlsl_tf.groups import ProcessSet, add_process_set, global_process_set, remove_process_set
 from mlsl_tf.keras import callbacks, elastic
 from mlsl_tf.ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier, broadcast,
                          grouped_allreduce, join, reducescatter)
-from mlsl_tf.optimizer import DistributedOptimizer, is_distributed
+from mlsl_tf.optimizer import is_distributed
+from mlsl_tf.optimizers import DistributedOptimizer
 from mlsl_tf.tape import DistributedGradientTape
+
+
+def set_progress_output(ranks=0):
+    """mlsl_tf.set_progress_output, for Keras 3 and, when used, tf_keras alike."""
+    basics.set_progress_output(ranks)
+    keras2_compat.follow_interactive_logging()
 
 
 def init(*args, **kwargs):
@@ -48,18 +55,20 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
 
 
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, **kwargs):
-    """Loads a model saved with `model.save` (.keras) and makes its optimizer distributed, state
-    included: the optimizer loaded by Keras becomes a DistributedOptimizer in place, so iteration
-    count, slots and learning rate carry on.
+    """Loads a model saved with `model.save` and makes its optimizer distributed, state included:
+    the optimizer loaded by Keras becomes a DistributedOptimizer in place, so iteration count,
+    slots and learning rate carry on. The Keras that wrote the file reads it: tf_keras for a
+    SavedModel directory and for .h5 / .keras files recording a 2.x keras_version, else Keras 3.
 
     custom_optimizers: optimizer classes the file names besides Keras' own.
-    custom_objects: as for keras.models.load_model.
+    custom_objects: as for keras.models.load_model / tf_keras.models.load_model.
     compression and further keyword arguments (backward_passes_per_step, op, ...) go to
     DistributedOptimizer."""
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects.setdefault(cls.__name__, cls)
-    model = keras.models.load_model(filepath, custom_objects=objects or None)
+    compat = keras2_compat if keras2_compat.available() and keras2_compat.saved_by_keras2(filepath) else keras3_compat
+    model = compat.load_model(filepath, custom_objects=objects or None)
     if getattr(model, "optimizer", None) is not None:
         DistributedOptimizer(model.optimizer, compression=compression, _in_place=True, **kwargs)
     return model

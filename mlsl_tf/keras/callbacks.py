@@ -1,5 +1,7 @@
-"""Keras 3 callbacks for data-parallel training, with Horovod's names and semantics, plus an
-atomic rank-0 checkpoint callback."""
+"""Keras callbacks for data-parallel training, with Horovod's names and semantics, plus an
+atomic rank-0 checkpoint callback. They subclass Keras 3's Callback and work in Keras 3's and in
+tf_keras' `model.fit` alike: what differs between the two (optimizer state, learning rate) goes
+through mlsl_tf.keras_flavour."""
 
 import os
 import warnings
@@ -8,12 +10,15 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from mlsl_tf import ops
+from mlsl_tf import keras_flavour, ops
 from mlsl_tf.basics import rank, size
 from mlsl_tf.functions import broadcast_variables
 
 
-class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
+Callback = keras_flavour.Callback
+
+
+class BroadcastGlobalVariablesCallback(Callback):
     """At the start of the first `fit`, gives every rank root_rank's model weights and optimizer
     state. The optimizer is built first if it is not yet, so its state (slots, iteration count)
     agrees before step 1, not only after it as with Horovod. Put it first in `callbacks`.
@@ -46,10 +51,10 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
         optimizer = getattr(model, "optimizer", None)
         variables = [v for v in model.variables if id(v) not in self._local]
         if optimizer is not None:
-            if not optimizer.built:
-                with keras.name_scope(optimizer.name, caller=optimizer):
-                    optimizer.build(model.trainable_variables)
-            variables += list(optimizer.variables)
+            compat = keras_flavour.of(optimizer)
+            if not compat.optimizer_built(optimizer):
+                compat.build_optimizer(optimizer, model.trainable_variables)
+            variables += compat.optimizer_variables(optimizer)
         broadcast_variables(variables, self.root_rank)
         self.broadcast_done = True
 
@@ -67,7 +72,7 @@ class BroadcastGlobalVariablesCallback(keras.callbacks.Callback):
             self._broadcast()
 
 
-class MetricAverageCallback(keras.callbacks.Callback):
+class MetricAverageCallback(Callback):
     """At the end of each epoch replaces every numeric value in `logs` by its mean over ranks, so
     that callbacks after it (and History, the progress bar) see the global value. Put it before
     callbacks that read metrics (checkpointing, early stopping, LR reduction)."""
@@ -96,10 +101,10 @@ def _is_number(v):
 
 
 def _get_lr(optimizer):
-    return float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    return keras_flavour.of(optimizer).get_learning_rate(optimizer)
 
 
-class LearningRateScheduleCallback(keras.callbacks.Callback):
+class LearningRateScheduleCallback(Callback):
     """Sets the learning rate to initial_lr * multiplier(epoch) for epochs in
     [start_epoch, end_epoch). `multiplier` is a constant or a function of the epoch; with
     staircase=True it is applied at the first batch of each epoch with the integer epoch,
@@ -149,7 +154,7 @@ class LearningRateScheduleCallback(keras.callbacks.Callback):
         optimizer.learning_rate = new_lr
         if self.momentum_correction and old_lr > 0 and new_lr != old_lr:
             ratio = new_lr / old_lr
-            for m in getattr(optimizer, "momentums", None) or []:
+            for m in keras_flavour.of(optimizer).momentum_buffers(optimizer):
                 m.assign(m * ratio)
         return new_lr
 
@@ -190,7 +195,7 @@ class LearningRateWarmupCallback(LearningRateScheduleCallback):
                   f"{_get_lr(self.model.optimizer):g}.")
 
 
-class ModelCheckpoint(keras.callbacks.Callback):
+class ModelCheckpoint(Callback):
     """Saves the model (`model.save`, a `.keras` path) or its weights (save_weights_only, a
     `.weights.h5` path) on rank 0 only, atomically: into a temporary file in the same directory,
     then `os.replace`, so a reader never sees a half-written checkpoint. `filepath` may contain

@@ -1,16 +1,15 @@
 """Horovod's Keras elastic names on a fixed job (see mlsl_tf.elastic): KerasState and the
 callbacks that commit state and keep its epoch and batch up to date during `fit`."""
 
-import keras
-
 from mlsl_tf.elastic import TensorFlowKerasState, run  # noqa: F401  (run is part of the API)
+from mlsl_tf.keras_flavour import Callback
 
 
 class KerasState(TensorFlowKerasState):
     """State of a Keras model and optimizer, with keyword attributes (epoch, batch, ...)."""
 
 
-class CommitStateCallback(keras.callbacks.Callback):
+class CommitStateCallback(Callback):
     """Commits `state` every `batches_per_commit` batches and at each epoch's end."""
 
     def __init__(self, state, batches_per_commit=1):
@@ -30,7 +29,7 @@ class CommitStateCallback(keras.callbacks.Callback):
         self._remaining = self.batches_per_commit
 
 
-class UpdateBatchStateCallback(keras.callbacks.Callback):
+class UpdateBatchStateCallback(Callback):
     """Keeps `state.batch` at the number of the batch being trained (0 at each epoch's start)."""
 
     def __init__(self, state):
@@ -44,7 +43,7 @@ class UpdateBatchStateCallback(keras.callbacks.Callback):
         self.state.batch = 0
 
 
-class UpdateEpochStateCallback(keras.callbacks.Callback):
+class UpdateEpochStateCallback(Callback):
     """Keeps `state.epoch` at the epoch being trained."""
 
     def __init__(self, state):

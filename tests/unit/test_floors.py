@@ -20,6 +20,9 @@ FLOORS = {
     "mlsl_tf.groups": 3,        # process sets
     "mlsl_tf.ops": 4,           # the collectives and their gradients
     "mlsl_tf.overlap": 5,       # cross-iteration overlap
+    "mlsl_tf.keras2_compat": 5,  # Keras 2 (tf_keras): its DistributedOptimizer and optimizer helpers
+    "mlsl_tf.keras3_compat": 4,  # Keras 3: the optimizer helpers callbacks and elastic state use
+    "mlsl_tf.keras_flavour": 6,  # which of the two compat modules an object needs
     "mlsl_tf.parallel": 5,      # model-parallel ops
     "mlsl_tf.functions": 5,     # broadcast_variables, *_object
     "mlsl_tf.optimizer": 6,     # DistributedOptimizer
