@@ -222,6 +222,8 @@ class _Keras2DistributedOptimizer:
         """The gradients reduced over the ranks (gradient p has priority and name index p),
         except those of local variables, which are scaled by 1/size or kept."""
         options = self._mlsl_options
+        if not options.member():
+            return list(grads)  # as Horovod: a rank outside the process set keeps its gradients
         check_reduction_group(variables, options.process_set)
         mine = self.__dict__.get("_mlsl_local_vars", {})
         is_local = [id(v) in mine and mine[id(v)] is v for v in variables]

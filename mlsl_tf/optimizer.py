@@ -101,7 +101,10 @@ class ReduceOptions:
     def reduce(self, grads, indices, index_of=None):
         """Returns the reduced `grads` (None stays None). indices[p] is gradient p's variable
         index: its priority and its name. Dense gradients are allreduced, IndexedSlices
-        allgathered (or densified with sparse_as_dense), grouped ones fused per group."""
+        allgathered (or densified with sparse_as_dense), grouped ones fused per group. On a rank
+        outside `process_set` they come back as they are (Horovod's semantics)."""
+        if not self.member():
+            return list(grads)
         prescale, postscale = self._scale_factors()
         prefix = _unique_prefix(self.name)
         out = list(grads)

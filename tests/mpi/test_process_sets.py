@@ -119,6 +119,20 @@ def test_keras_optimizer_outside_the_set_applies_local_gradients(cross_iteration
     assert float(v.numpy()[0]) == pytest.approx(expected)
 
 
+@pytest.mark.parametrize("kind", ["legacy", "new"])
+def test_tf_keras_optimizer_outside_the_set_applies_local_gradients(kind):
+    import tf_keras
+    v = tf.Variable([0.0])
+    sgd = tf_keras.optimizers.legacy.SGD(1.0) if kind == "legacy" else tf_keras.optimizers.SGD(1.0)
+    opt = hvd.DistributedOptimizer(sgd, process_set=even_set, name=f"ps.tf_keras.{kind}")
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = -float(R) * tf.reduce_sum(v)
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    expected = 2 * np.mean(EVEN) if R in EVEN else 2.0 * R
+    assert float(v.numpy()[0]) == pytest.approx(expected)
+
+
 @pytest.mark.parametrize("passes", [1, 2])
 def test_tf1_optimizer_with_a_process_set(passes):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
