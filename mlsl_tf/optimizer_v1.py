@@ -91,7 +91,14 @@ class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
             with tf.control_dependencies(clear):
                 return tf.constant(True)
 
-        return tf.cond(self._mlsl_due, apply_and_clear, lambda: tf.constant(False))
+        def count_only():
+            # as Horovod: global_step counts every call, applied or not
+            if global_step is None:
+                return tf.constant(False)
+            with tf.control_dependencies([global_step.assign_add(1)]):
+                return tf.constant(False)
+
+        return tf.cond(self._mlsl_due, apply_and_clear, count_only)
 
     def get_slot(self, *args, **kwargs):
         return self._optimizer.get_slot(*args, **kwargs)

@@ -134,21 +134,25 @@ def test_tf_keras_optimizer_outside_the_set_applies_local_gradients(kind):
 
 
 @pytest.mark.parametrize("passes", [1, 2])
-def test_tf1_optimizer_with_a_process_set(passes):
+@pytest.mark.parametrize("world", [False, True])
+def test_tf1_optimizer_with_a_process_set(passes, world):
     with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
         v = tf.compat.v1.get_variable(f"v{passes}", initializer=[0.0])
         loss = -float(R + 1) * tf.reduce_sum(v)  # gradient -(R + 1)
-        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), process_set=even_set,
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0),
+                                       process_set=None if world else even_set,
                                        backward_passes_per_step=passes, average_aggregated_gradients=True,
-                                       name=f"ps.tf1.{passes}")
+                                       name=f"ps.tf1.{passes}.{world}")
         assert opt._optimizer.get_name() == "GradientDescent"
-        train = opt.minimize(loss, var_list=[v])
+        step_var = tf.compat.v1.get_variable(f"step{passes}", initializer=tf.constant(0, tf.int64), trainable=False)
+        train = opt.minimize(loss, var_list=[v], global_step=step_var)
         sess.run(tf.compat.v1.global_variables_initializer())
         values = []
         for _ in range(2 * passes):
             sess.run(train)
             values.append(float(sess.run(v)[0]))
-    step = np.mean([r + 1 for r in EVEN]) if R in EVEN else R + 1.0
+        assert sess.run(step_var) == 2 * passes  # every call counts, applied or not
+    step = np.mean(np.arange(N) + 1) if world else np.mean([r + 1 for r in EVEN]) if R in EVEN else R + 1.0
     # applied once every `passes` calls, with the mean of the accumulated gradients
     expected = [step * ((i + 1) // passes) for i in range(2 * passes)]
     np.testing.assert_allclose(values, expected, rtol=1e-6)
