@@ -30,6 +30,8 @@ TEST_SRC  := $(wildcard ops/core/tests/*.cc)
 HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
 LIB       := mlsl_tf/_mlsl_tf.so
 TIMEOUT   ?= 600
+# The single-process suite is ~40 files in one pytest run (each test also under pytest-timeout's 300 s).
+UNIT_TIMEOUT ?= 1500
 
 .PHONY: venv lib core-tests sim test test-unit test-mpi stress horovod-suite example clean FORCE
 
@@ -99,7 +101,7 @@ sim: build/mlsl_sim
 
 # One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout).
 test-unit: venv lib sim
-	timeout $(TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 tests/unit
+	timeout $(UNIT_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 tests/unit
 
 # Each multi-rank file runs under its own timeout: a hang is a failure. Every file runs on 2
 # and 3 ranks; the files in MPI4_TESTS (groups need 4 ranks for a 2x2 grid; bf16 error vs
