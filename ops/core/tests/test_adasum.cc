@@ -203,3 +203,24 @@ TEST(adasum_runtime_in_a_group_of_two_of_four) {
     CHECK(res.As<double>() == (std::vector<double>{2, 0}));
   });
 }
+
+TEST(adasum_runtime_joined_rank_contributes_zeros) {
+  // Rank 0 has joined: its zeros leave rank 1's vector as it is at the first level.
+  RunRanks(4, [](int rank, Runtime& rt) {
+    Request join;
+    join.name = "join";
+    join.op = OpType::kJoin;
+    join.dtype = DataType::kInt32;
+    if (rank > 0) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(30));
+      std::vector<float> x(3, 0.0f);
+      x[rank - 1] = 2.0f;  // orthogonal at every level: the answer is their sum
+      auto f = Submit(rt, AdasumRequest("after_join", {Input(x, {3})}));
+      Result res = Get(f);
+      CHECK(res.status.ok());
+      CHECK(res.As<float>() == std::vector<float>(3, 2.0f));
+    }
+    auto j = Submit(rt, std::move(join));
+    CHECK(Get(j).status.ok());
+  });
+}
