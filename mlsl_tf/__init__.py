@@ -12,7 +12,8 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "mlsl_tf._library": ["settings", "stats"],
     "mlsl_tf.basics": ["NotInitializedError", "ccl_built", "cross_rank", "cross_size", "cuda_built", "ddl_built",
-                       "gloo_built", "gloo_enabled", "is_initialized", "local_rank", "local_size",
+                       "gloo_built", "gloo_enabled", "gpu_available", "is_homogeneous", "is_initialized",
+                       "local_rank", "local_size",
                        "mpi_built", "mpi_enabled", "mpi_threads_supported", "nccl_built", "rank", "rocm_built",
                        "shutdown", "size", "start_timeline", "stop_timeline"],
     "mlsl_tf.compression": ["Compression"],

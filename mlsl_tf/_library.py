@@ -35,7 +35,7 @@ def c_api():
     load_ops()  # resolves the TensorFlow symbols the library needs first
     lib = ctypes.CDLL(LIBRARY_PATH, mode=ctypes.RTLD_GLOBAL)
     for fn in ("init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-               "cross_rank", "cross_size", "mpi_threads_supported", "setting_count", "parked", "exit_failing"):
+               "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "setting_count", "parked", "exit_failing"):
         getattr(lib, "mlsl_tf_" + fn).restype = ctypes.c_int
         getattr(lib, "mlsl_tf_" + fn).argtypes = []
     for fn in ("last_error", "stats_json"):

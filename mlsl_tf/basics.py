@@ -200,6 +200,17 @@ def cross_size():
     return _query("cross_size")
 
 
+def is_homogeneous():
+    """Whether every machine runs the same number of ranks (Horovod's is_homogeneous)."""
+    return bool(_query("is_homogeneous"))
+
+
+def gpu_available(ext_base_name, verbose=False):
+    """Whether the `ext_base_name` extension ("tensorflow", ...) runs with a GPU: never here,
+    mlsl_tf reduces on the host (Horovod's horovod.common.util.gpu_available)."""
+    return False
+
+
 def mpi_threads_supported():
     """Whether MPI runs with MPI_THREAD_MULTIPLE."""
     return bool(_library.c_api().mlsl_tf_mpi_threads_supported())

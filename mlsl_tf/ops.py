@@ -58,10 +58,21 @@ def _resolve_op(op, average, default=Average):
         return Average if average else Sum
     op = default if op is None else op
     if op not in _REDUCE_NAMES:
-        raise ValueError(f"unknown reduction op {op!r}; use mlsl_tf.Average, Sum, Min, Max or Product")
-    if op == Adasum:
-        raise NotImplementedError("the Adasum reduction is not supported by mlsl_tf")
+        raise ValueError(f"unknown reduction op {op!r}; use mlsl_tf.Average, Sum, Adasum, Min, Max or Product")
     return op
+
+
+def _check_adasum(process_set, compression):
+    """Adasum's limits, raised on every rank before anything is enqueued (the group's size is
+    the same everywhere): a power-of-two number of ranks, as Horovod's CPU Adasum; no bf16 wire
+    (the dot products need the tensor's own values)."""
+    if compression.wire:
+        raise ValueError(f"the Adasum reduction cannot be combined with {type(compression).__name__} "
+                         "(bf16 wire compression); use Compression.none or Compression.fp16")
+    n = _group_rank_and_size(process_set)[1]
+    if n & (n - 1):
+        raise NotImplementedError(f"the Adasum reduction needs a power-of-two number of ranks (1, 2, 4, 8 ...); "
+                                  f"this {'group' if _group_id(process_set) else 'job'} has {n}")
 
 
 def _group(process_set, group):
@@ -125,6 +136,8 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
     if isinstance(tensor, tf.IndexedSlices):
         _check_sparse_op(op, prescale_factor, postscale_factor)
         return _allreduce_sparse(tensor, op, name, process_set, ignore_name_scope, priority)
+    if op == Adasum:
+        _check_adasum(process_set, compression)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set, ignore_name_scope,
@@ -178,6 +191,8 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     tensors = [tf.convert_to_tensor(t) for t in tensors]
     if not tensors:
         return []
+    if op == Adasum:  # each tensor is still combined on its own (the core never fuses Adasum)
+        _check_adasum(process_set, compression)
     compressed = [compression.compress(t) for t in tensors]
     by_dtype = {}
     for i, (t, _) in enumerate(compressed):
@@ -333,7 +348,7 @@ def local_size_op(name=None):
 @tf.RegisterGradient("MlslAllreduce")
 def _allreduce_grad(op, grad):
     reduce_op = op.get_attr("reduce_op")
-    if reduce_op not in (Sum, Average):
+    if reduce_op not in (Sum, Average, Adasum):  # Adasum: Horovod's gradient, Adasum of the gradients
         raise NotImplementedError(f"the gradient of allreduce with {_REDUCE_NAMES[reduce_op]} is not defined")
     return _allreduce(grad, reduce_op, op.get_attr("prescale_factor"), op.get_attr("postscale_factor"),
                       process_set=op.get_attr("process_set_id") or None), None
@@ -342,7 +357,7 @@ def _allreduce_grad(op, grad):
 @tf.RegisterGradient("MlslGroupedAllreduce")
 def _grouped_allreduce_grad(op, *grads):
     reduce_op = op.get_attr("reduce_op")
-    if reduce_op not in (Sum, Average):
+    if reduce_op not in (Sum, Average, Adasum):  # Adasum: Horovod's gradient, Adasum of the gradients
         raise NotImplementedError(f"the gradient of allreduce with {_REDUCE_NAMES[reduce_op]} is not defined")
     grads = [tf.zeros_like(x) if g is None else g for g, x in zip(grads, op.inputs)]
     return grouped_allreduce(grads, op=reduce_op, prescale_factor=op.get_attr("prescale_factor"),

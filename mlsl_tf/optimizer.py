@@ -46,8 +46,10 @@ class ReduceOptions:
     def __init__(self, name, compression=Compression.none, sparse_as_dense=False, op=ops.Average,
                  gradient_predivide_factor=1.0, num_groups=0, groups=None, process_set=None,
                  device_dense="", device_sparse=""):
-        if op not in (ops.Average, ops.Sum):
-            raise ValueError("gradients can be reduced only with mlsl_tf.Average or mlsl_tf.Sum")
+        if op not in (ops.Average, ops.Sum, ops.Adasum):
+            raise ValueError("gradients can be reduced only with mlsl_tf.Average, mlsl_tf.Sum or mlsl_tf.Adasum")
+        if op == ops.Adasum:  # the deferred (cross-iteration) reductions bypass ops.allreduce's checks
+            ops._check_adasum(process_set, compression)
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise ValueError("gradient_predivide_factor requires op=mlsl_tf.Average")
         if groups is None and num_groups:
@@ -331,7 +333,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     sparse_as_dense: allreduce IndexedSlices gradients as dense tensors instead of allgathering.
     backward_passes_per_step: k > 1 accumulates k local gradients, then reduces and applies their
         sum (their mean with average_aggregated_gradients=True) once.
-    op: mlsl_tf.Average (default) or mlsl_tf.Sum.
+    op: mlsl_tf.Average (default), mlsl_tf.Sum or mlsl_tf.Adasum (Horovod's Keras semantics: the
+        gradients themselves are Adasum-combined).
     gradient_predivide_factor: f divides gradients by f before the sum and by size/f after (Average).
     num_groups / groups: an int n fuses the gradients into n grouped allreduces; a list of lists
         of variables fuses each list's gradients into one.
@@ -345,6 +348,8 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     """
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
+    if op == ops.Adasum and average_aggregated_gradients:
+        raise ValueError("Adasum does not support average_aggregated_gradients=True (as in Horovod)")
     options = ReduceOptions(name or "DistributedOptimizer", compression, sparse_as_dense, op,
                             gradient_predivide_factor, num_groups, groups, process_set if group is None else group,
                             device_dense, device_sparse)

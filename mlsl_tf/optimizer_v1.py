@@ -122,6 +122,10 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                          gradient_predivide_factor=1.0, average_aggregated_gradients=False, num_groups=0,
                          groups=None, process_set=None, group=None):
     """Horovod's DistributedOptimizer over a TensorFlow 1 optimizer."""
+    if op == ops.Adasum:
+        raise NotImplementedError("DistributedOptimizer(op=Adasum) over a TensorFlow 1 optimizer (Horovod combines "
+                                  "the optimizer's deltas there) is not supported; use a Keras optimizer or "
+                                  "DistributedGradientTape(op=Adasum), which Adasum-combine the gradients")
     if backward_passes_per_step < 1:
         raise ValueError(f"backward_passes_per_step must be >= 1, got {backward_passes_per_step}")
     options = ReduceOptions(name or f"Distributed{type(optimizer).__name__}", compression or Compression.none,

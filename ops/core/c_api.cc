@@ -151,6 +151,9 @@ extern "C" int mlsl_tf_local_rank(void) { return mlsl::Query([](const Runtime& r
 extern "C" int mlsl_tf_local_size(void) { return mlsl::Query([](const Runtime& r) { return r.topology().local_size; }); }
 extern "C" int mlsl_tf_cross_rank(void) { return mlsl::Query([](const Runtime& r) { return r.topology().cross_rank; }); }
 extern "C" int mlsl_tf_cross_size(void) { return mlsl::Query([](const Runtime& r) { return r.topology().cross_size; }); }
+extern "C" int mlsl_tf_is_homogeneous(void) {
+  return mlsl::Query([](const Runtime& r) { return r.topology().homogeneous ? 1 : 0; });
+}
 extern "C" int mlsl_tf_mpi_threads_supported(void) { return mlsl::MpiThreadsSupported() ? 1 : 0; }
 extern "C" int mlsl_tf_exit_failing(void) {
   mlsl::SkipFinalizeAtExit();

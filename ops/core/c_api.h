@@ -23,6 +23,7 @@ int mlsl_tf_local_rank(void);
 int mlsl_tf_local_size(void);
 int mlsl_tf_cross_rank(void);
 int mlsl_tf_cross_size(void);
+int mlsl_tf_is_homogeneous(void);  // 1 when every machine runs the same number of ranks
 int mlsl_tf_mpi_threads_supported(void);
 // The process is exiting with an error: at exit, skip MPI_Finalize (it would wait for the other
 // ranks), so the launcher sees this rank end now and stops the job.

@@ -24,6 +24,7 @@ class PendingOp {
 // Where this process sits among the machines (Horovod's local_* / cross_* numbers).
 struct Topology {
   int local_rank = 0, local_size = 1, cross_rank = 0, cross_size = 1;
+  bool homogeneous = true;  // every machine runs the same number of ranks (Horovod's is_homogeneous)
 };
 
 class Communicator {

@@ -31,7 +31,9 @@ Status Executor::Execute(const RequestMeta& meta, Request* request, const std::v
       auto op = comm_->Barrier();
       return Wait(op.get());
     }
-    case OpType::kAllreduce:  // chunked by the Scheduler
+    case OpType::kAllreduce:  // chunked by the Scheduler, except Adasum
+      if (meta.reduce_op == ReduceOp::kAdasum) return Adasum(meta, request);
+      break;
     case OpType::kJoin:       // a rendezvous in the control message
     case OpType::kAddGroup:   // run by the Runtime itself
     case OpType::kRemoveGroup:

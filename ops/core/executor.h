@@ -1,6 +1,6 @@
 // Executor: runs one agreed non-chunked collective (allgather, broadcast, alltoall,
-// reducescatter, barrier) to completion. Every rank calls Execute for the same ids in the
-// same order; allreduces go through the Scheduler's chunks instead. A rank that has joined (Horovod's join) has no request of its
+// reducescatter, barrier, Adasum allreduce) to completion. Every rank calls Execute for the same
+// ids in the same order; other allreduces go through the Scheduler's chunks instead. A rank that has joined (Horovod's join) has no request of its
 // own: it passes request == nullptr and contributes the op's identity, or no rows.
 #pragma once
 
@@ -23,6 +23,8 @@ class Executor {
   Status Broadcast(const RequestMeta& m, Request* r, const std::vector<bool>& joined);
   Status Alltoall(const RequestMeta& m, Request* r);
   Status Reducescatter(const RequestMeta& m, Request* r);
+  // Adasum allreduce (adasum_executor.cc): each tensor of the request combined on its own.
+  Status Adasum(const RequestMeta& m, Request* r);
   // Allgathers one int64 per rank.
   Status GatherCounts(int64_t mine, std::vector<int64_t>* all);
 

@@ -4,6 +4,7 @@
 #include <cstring>
 #include <sstream>
 
+#include "adasum.h"
 #include "reduce.h"
 
 namespace mlsl {
@@ -204,6 +205,14 @@ std::string ValidateLocally(const Request& r, int size) {
     if (!s.ok()) return s.message();
     if (r.op == OpType::kReducescatter && r.reduce_op != ReduceOp::kSum && r.reduce_op != ReduceOp::kAverage) {
       return std::string("reducescatter supports Sum and Average, not ") + ReduceOpName(r.reduce_op);
+    }
+  }
+  if (r.op == OpType::kAllreduce && r.reduce_op == ReduceOp::kAdasum) {
+    Status s = CheckAdasumSize(size, "'" + ShownName(r.name) + "'");
+    if (!s.ok()) return s.message();
+    if (r.wire >= 0 && r.wire != int(r.dtype)) {
+      return "the Adasum reduction cannot travel compressed (bf16 wire compression, Compression.bf16 / bf16_ef): "
+             "its dot products need the tensor's own values; use Compression.none or Compression.fp16";
     }
   }
   bool needs_dim = r.op == OpType::kAllgather || r.op == OpType::kAlltoall || r.op == OpType::kReducescatter;

@@ -354,6 +354,9 @@ class MpiCommunicator : public Communicator {
     MPI_Comm_size(cross, &topo_.cross_size);
     MPI_Comm_free(&local);
     MPI_Comm_free(&cross);
+    int extremes[2] = {topo_.local_size, -topo_.local_size};  // the largest and smallest machine
+    MPI_Allreduce(MPI_IN_PLACE, extremes, 2, MPI_INT, MPI_MAX, comm_);
+    topo_.homogeneous = extremes[0] == -extremes[1];
   }
   ~MpiCommunicator() override {
     int finalized = 0;

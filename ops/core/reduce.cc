@@ -5,6 +5,7 @@
 #include <limits>
 #include <type_traits>
 
+#include "adasum.h"
 #include "half.h"
 
 namespace mlsl {
@@ -145,7 +146,7 @@ void FillTyped(S* data, int64_t n, ReduceOp op) {
 }  // namespace
 
 Status CheckReducible(DataType dtype, ReduceOp op) {
-  if (op == ReduceOp::kAdasum) return Status::InvalidArgument("the Adasum reduction is not supported by mlsl_tf");
+  if (op == ReduceOp::kAdasum) return CheckAdasumType(dtype);
   if (dtype == DataType::kBool && (op == ReduceOp::kSum || op == ReduceOp::kAverage)) {
     return Status::InvalidArgument(std::string("reduction ") + ReduceOpName(op) +
                                    " is not meaningful for bool tensors (use Min, Max or Product)");

@@ -306,8 +306,9 @@ void Runtime::Intake(std::unique_ptr<Request> r) {
   local.submitted = std::chrono::steady_clock::now();
   local.meta = RequestMeta::From(*r);
   bool reduces = r->op == OpType::kAllreduce || r->op == OpType::kReducescatter;
-  if (!reduces || r->dtype != DataType::kFloat32) {
-    local.meta.wire = r->dtype;  // only float32 reductions are compressed
+  // Only float32 reductions are compressed, and never Adasum (an explicit wire is refused by ValidateLocally).
+  if (!reduces || r->dtype != DataType::kFloat32 || (r->reduce_op == ReduceOp::kAdasum && r->wire < 0)) {
+    local.meta.wire = r->dtype;
   } else if (r->wire < 0) {
     local.meta.wire = default_wire_;
   }

@@ -70,7 +70,8 @@ void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finis
   auto w = std::make_unique<Work>();
   w->meta = meta;
   w->order = agreed_++;
-  w->chunked = meta.op == OpType::kAllreduce;
+  // Adasum runs whole in the Executor, never fused: its dot products are per tensor.
+  w->chunked = meta.op == OpType::kAllreduce && meta.reduce_op != ReduceOp::kAdasum;
   w->total = Elements(meta);
   Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
   if (request && timeline_->enabled()) {

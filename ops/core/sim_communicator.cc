@@ -262,6 +262,7 @@ Topology SimCommunicator::topology() const {
   Topology t;
   t.local_size = std::max(1, std::min(f.ranks_per_host, f.ranks));
   t.cross_size = (f.ranks + t.local_size - 1) / t.local_size;
+  t.homogeneous = f.ranks % t.local_size == 0;
   return t;
 }
 

@@ -60,8 +60,9 @@ def test_scaling_and_average_on_one_rank():
     np.testing.assert_allclose(hvd.allreduce(x, average=False).numpy(), [2.0, 4.0])
     with pytest.raises(ValueError, match="either op= or"):
         hvd.allreduce(x, average=True, op=hvd.Sum)
-    with pytest.raises(NotImplementedError, match="Adasum"):
-        hvd.allreduce(x, op=hvd.Adasum)
+    # Adasum over one rank is the tensor itself, scaled (prescale, then postscale)
+    np.testing.assert_array_equal(hvd.allreduce(x, op=hvd.Adasum, prescale_factor=2.0, postscale_factor=0.25).numpy(),
+                                  [1.0, 2.0])
 
 
 def test_indexed_slices_and_compression():

@@ -45,7 +45,8 @@ TEST(reduce_bool_and_checks) {
   CHECK(d == (std::vector<uint8_t>{1, 0, 0, 0}));
   CHECK(!CheckReducible(DataType::kBool, ReduceOp::kSum).ok());
   CHECK(CheckReducible(DataType::kBool, ReduceOp::kMax).ok());
-  CHECK(!CheckReducible(DataType::kFloat32, ReduceOp::kAdasum).ok());
+  CHECK(CheckReducible(DataType::kFloat32, ReduceOp::kAdasum).ok());
+  CHECK(!CheckReducible(DataType::kInt32, ReduceOp::kAdasum).ok());
 }
 
 TEST(scale_and_identity) {
