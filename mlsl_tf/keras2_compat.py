@@ -44,7 +44,6 @@ import zipfile
 
 import tensorflow as tf
 
-from mlsl_tf import ops
 from mlsl_tf.groups import check_reduction_group
 
 _log = logging.getLogger("mlsl_tf")
@@ -227,19 +226,9 @@ class _Keras2DistributedOptimizer:
         check_reduction_group(variables, options.process_set)
         mine = self.__dict__.get("_mlsl_local_vars", {})
         is_local = [id(v) in mine and mine[id(v)] is v for v in variables]
-        shared = [None if local else g for g, local in zip(grads, is_local)]
         positions = {id(v): p for p, v in enumerate(variables)}
-        out = options.reduce(shared, list(range(len(grads))), lambda v: positions.get(id(v)))
-        count = ops._group_rank_and_size(options.process_set)[1] if self._mlsl_scale_local else 1
-        for p, local in enumerate(is_local):
-            g = grads[p]
-            if local and g is not None:
-                if count != 1 and isinstance(g, tf.IndexedSlices):
-                    g = tf.IndexedSlices(g.values / tf.cast(count, g.values.dtype), g.indices, g.dense_shape)
-                elif count != 1:
-                    g = tf.convert_to_tensor(g) / tf.cast(count, g.dtype)
-                out[p] = g
-        return out
+        return options.reduce_except_local(grads, is_local, list(range(len(grads))), lambda v: positions.get(id(v)),
+                                           self._mlsl_scale_local)
 
     def _mlsl_allreduce(self, grads, variables):
         """Reduced gradients (passes == 1), or with k passes: this pass's gradients added to the

@@ -94,6 +94,26 @@ class ReduceOptions:
             out.append([p for p in members if p is not None and grads[p] is not None])
         return out
 
+    def scaled_local(self, grad):
+        """A local variable's gradient divided by the group's size (Horovod's scale_local_gradients)."""
+        count = ops._group_rank_and_size(self.process_set)[1]
+        if count == 1:
+            return grad
+        if isinstance(grad, tf.IndexedSlices):
+            return tf.IndexedSlices(grad.values / tf.cast(count, grad.values.dtype), grad.indices, grad.dense_shape)
+        return tf.convert_to_tensor(grad) / tf.cast(count, grad.dtype)
+
+    def reduce_except_local(self, grads, is_local, indices, index_of=None, scale_local=True):
+        """`reduce` of the gradients whose is_local[p] is False; the local ones are this rank's
+        own, divided by the group's size (scale_local) or kept as they are."""
+        if not self.member():
+            return list(grads)
+        out = self.reduce([None if local else g for g, local in zip(grads, is_local)], indices, index_of)
+        for p, local in enumerate(is_local):
+            if local and grads[p] is not None:
+                out[p] = self.scaled_local(grads[p]) if scale_local else grads[p]
+        return out
+
     def member(self):
         """Whether this rank takes part in the reduction: on a rank outside `process_set`, as in
         Horovod, the gradients stay local."""
@@ -196,22 +216,9 @@ class _DistributedOptimizer:
 
     def _mlsl_reduce(self, grads, variables, indices):
         """The gradients reduced over the ranks, except those of local variables."""
-        if not self._mlsl_options.member():
-            return list(grads)
         mine = self.__dict__.get("_mlsl_local_vars", set())
-        is_local = [id(v) in mine for v in variables]
-        shared = [None if local else g for g, local in zip(grads, is_local)]
-        out = self._mlsl_options.reduce(shared, indices, self._mlsl_index_of)
-        count = ops._group_rank_and_size(self._mlsl_options.process_set)[1] if self._mlsl_scale_local else 1
-        for p, local in enumerate(is_local):
-            g = grads[p]
-            if local and g is not None:
-                if count != 1 and isinstance(g, tf.IndexedSlices):
-                    g = tf.IndexedSlices(g.values / tf.cast(count, g.values.dtype), g.indices, g.dense_shape)
-                elif count != 1:
-                    g = tf.convert_to_tensor(g) / tf.cast(count, g.dtype)
-                out[p] = g
-        return out
+        return self._mlsl_options.reduce_except_local(grads, [id(v) in mine for v in variables], indices,
+                                                      self._mlsl_index_of, self._mlsl_scale_local)
 
     def get_gradients(self, loss, params):
         """Horovod's Keras hook, for optimizers that define get_gradients: their gradients,

@@ -38,20 +38,13 @@ class _DistributedGradientTape:
                     overlap.offer(out, local, options, p)
         for p, local in enumerate(is_local):
             if local and flat_grads[p] is not None:
-                reduced[p] = _scaled_local(flat_grads[p], options) if self._mlsl_scale_local else flat_grads[p]
+                reduced[p] = options.scaled_local(flat_grads[p]) if self._mlsl_scale_local else flat_grads[p]
         return tf.nest.pack_sequence_as(grads, reduced, expand_composites=False)
 
     def register_local_source(self, source):
         """Marks `source` (a variable) as this rank's own: its gradient is not reduced, only
         divided by the group's size (scale_local_gradients, as Horovod does) or returned as is."""
         self.__dict__.setdefault("_mlsl_local_sources", set()).add(_key(source))
-
-
-def _scaled_local(grad, options):
-    count = ops._group_rank_and_size(options.process_set)[1]
-    if isinstance(grad, tf.IndexedSlices):
-        return tf.IndexedSlices(grad.values / tf.cast(count, grad.values.dtype), grad.indices, grad.dense_shape)
-    return grad / tf.cast(count, grad.dtype)
 
 
 @functools.lru_cache(maxsize=None)
