@@ -28,17 +28,41 @@ def _normalize_name(name):
     return re.sub("[^a-zA-Z0-9_]", "_", name)
 
 
+# Names Python gives threads that were not named: numbered in the order this process created
+# threads (Thread-N, Thread-N (target), a pool's ThreadPoolExecutor-K_N), or in the order
+# threads Python did not start first called into it (Dummy-N: e.g. TensorFlow's pool threads).
+_NUMBERED_THREAD = re.compile(r"(?:Thread|Dummy)-\d+(?: \(.*\))?|ThreadPoolExecutor-\d+_\d+", re.S)
+
+
+def _thread_qualifier(prefix):
+    """The calling thread's part of an unnamed eager collective's name ("" on the main thread).
+    Threads are paired across ranks by name, so a name that only numbers the thread is refused:
+    a rank that created one more thread first (or whose pool ran the call on another worker)
+    would pair another thread's tensor with this one -- a wrong result and a hang, undetectable
+    later. The refusal happens on every rank that makes such a call, before anything is sent."""
+    thread = threading.current_thread()
+    if thread is threading.main_thread():
+        return ""
+    if _NUMBERED_THREAD.fullmatch(thread.name):
+        raise ValueError(
+            f"mlsl_tf: unnamed eager collective {prefix} called from thread '{thread.name}', a name Python "
+            "numbered by the order this process created (or entered) threads: ranks whose threads were created "
+            "in another number or order would pair another thread's collective with this one. Give the thread "
+            "the same explicit name on every rank (threading.Thread(name=...)) or pass name= to the collective")
+    return f"@{thread.name}"
+
+
 def _tensor_name(name, prefix, ignore_name_scope=False):
     """The collective's cross-rank name. Eager: the given name, or the op's type, qualified by
     the calling thread's name outside the main thread (eager ops of one thread run one at a
-    time; threads are told apart by name, so every rank pairs the same threads). Graph: the
-    given name inside the current name scope, or the node name the op is about to get,
-    qualified by the graph's name."""
+    time; threads are told apart by name, so every rank pairs the same threads; a thread with
+    a numbered default name is refused, see _thread_qualifier). Graph: the given name inside
+    the current name scope, or the node name the op is about to get, qualified by the graph's
+    name."""
     if tf.executing_eagerly():
         if name:
             return name
-        thread = threading.current_thread()
-        return prefix if thread is threading.main_thread() else f"{prefix}@{thread.name}"
+        return prefix + _thread_qualifier(prefix)
     if name is None:
         # The name the op's node will get: unique in this graph, and the same on every rank
         # because every rank traces the same program.

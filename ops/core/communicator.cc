@@ -13,8 +13,8 @@ namespace {
 
 class Scaled : public PendingOp {
  public:
-  Scaled(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype, double scale)
-      : op_(std::move(op)), buf_(buf), count_(count), dtype_(dtype), scale_(scale) {}
+  Scaled(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype, double scale, bool canonicalize)
+      : op_(std::move(op)), buf_(buf), count_(count), dtype_(dtype), scale_(scale), canonicalize_(canonicalize) {}
   Status Test(bool* done) override {
     if (finished_) {
       *done = true;
@@ -22,6 +22,7 @@ class Scaled : public PendingOp {
     }
     Status s = op_->Test(done);
     if (s.ok() && *done) {
+      if (canonicalize_) CanonicalizeNaN(buf_, count_, dtype_);
       ScaleInPlace(buf_, count_, dtype_, scale_);  // right after the data arrived: still in cache
       finished_ = true;
     }
@@ -34,15 +35,16 @@ class Scaled : public PendingOp {
   int64_t count_;
   DataType dtype_;
   double scale_;
+  bool canonicalize_;
   bool finished_ = false;
 };
 
 }  // namespace
 
 std::unique_ptr<PendingOp> ScaledWhenDone(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype,
-                                          double scale) {
-  if (scale == 1.0) return op;
-  return std::make_unique<Scaled>(std::move(op), buf, count, dtype, scale);
+                                          double scale, bool canonicalize) {
+  if (scale == 1.0 && !canonicalize) return op;
+  return std::make_unique<Scaled>(std::move(op), buf, count, dtype, scale, canonicalize);
 }
 
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
@@ -69,6 +71,10 @@ Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
 
 void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count) {
   if (count == 0) return;
+  if (in[0] != inout[0]) {  // the layouts differ: nothing past the flags word means the same
+    if (count > 1) inout[1] &= ~kLayoutAgrees;
+    return;
+  }
   const int64_t k = int64_t(inout[0] & 0xffffffff), m = int64_t(inout[0] >> 32);
   const int64_t min_end = m ? std::min(count, k + 1 + m) : count;
   for (int64_t i = 1; i <= k && i < count; ++i) inout[i] &= in[i];

@@ -68,9 +68,14 @@ class Communicator {
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests = nullptr);
 
 // For implementations: op, then buf (count elements) multiplied by scale once op is done (op
-// itself when scale is 1).
+// itself when scale is 1 and there is nothing to canonicalize). `canonicalize`: first turn every
+// NaN into the canonical one (CanonicalizeNaN), for results of MPI's built-in operations.
 std::unique_ptr<PendingOp> ScaledWhenDone(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype,
-                                          double scale);
+                                          double scale, bool canonicalize = false);
+
+// Bit of the control message's word 1 (the flags, AND) that CombineControl clears when two
+// messages' layouts (word 0) differ; the rest of such a message is left as it was.
+constexpr uint64_t kLayoutAgrees = 32;
 
 // The combining rule of Communicator::Control, for implementations: inout = inout (op) in.
 void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count);

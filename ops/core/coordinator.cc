@@ -3,6 +3,19 @@
 #include <algorithm>
 
 namespace mlsl {
+namespace {
+
+// One id's share of the fingerprint: FNV-1a of the name, mixed with the id (splitmix64's finaliser).
+uint64_t Entry(int32_t id, const std::string& name) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : name) h = (h ^ c) * 1099511628211ull;
+  h ^= uint64_t(uint32_t(id)) * 0x9e3779b97f4a7c15ull;
+  h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ull;
+  h = (h ^ (h >> 27)) * 0x94d049bb133111ebull;
+  return h ^ (h >> 31);
+}
+
+}  // namespace
 
 Coordinator::Coordinator(int size) : size_(size) {
   std::vector<int> everyone(size);
@@ -99,6 +112,7 @@ std::vector<Decision> Coordinator::Resolve(const std::vector<bool>& joined) {
       if (id == ids_.end()) {
         value = int32_t(metas_.size());
         ids_[it->name] = value;
+        fingerprint_ += Entry(value, it->name);
         metas_.push_back(*canonical);
         used_.push_back(0);
       } else {
@@ -124,10 +138,12 @@ std::vector<int32_t> Coordinator::Retire(size_t keep) {
   std::vector<RequestMeta> metas;
   std::vector<uint64_t> used;
   ids_.clear();
+  fingerprint_ = 0;
   for (int32_t id = 0; id < n; ++id) {
     if (!survives[id]) continue;
     remap[id] = int32_t(metas.size());
     ids_[metas_[id].name] = remap[id];
+    fingerprint_ += Entry(remap[id], metas_[id].name);
     metas.push_back(std::move(metas_[id]));
     used.push_back(used_[id]);
   }

@@ -41,6 +41,10 @@ class Coordinator {
   const RequestMeta& meta(int32_t id) const { return metas_[id]; }
   int32_t num_ids() const { return int32_t(metas_.size()); }
 
+  // A digest of the id -> name table (every name with an id, and its id). Ranks compare it in
+  // every control message: ids are only meaningful while every rank's table is the same.
+  uint64_t fingerprint() const { return fingerprint_; }
+
   // Notes that id ran (was agreed or ready everywhere) in control cycle `cycle`.
   void Touch(int32_t id, uint64_t cycle) { used_[id] = cycle; }
   // Forgets every id but the `keep` most recently touched and renumbers the survivors
@@ -66,6 +70,7 @@ class Coordinator {
   std::vector<uint64_t> used_;             // by id: the cycle it last ran in
   std::vector<Decision> early_;            // invalidations produced by Announce
   std::vector<std::vector<int>> groups_;   // by group id: member ranks
+  uint64_t fingerprint_ = 0;               // sum of Entry(id, name) over every id
 };
 
 }  // namespace mlsl

@@ -100,9 +100,15 @@ struct UserOps {
   }
 };
 
+// Every rank must hold the same bits. MPI_MIN / MPI_MAX on floats keep or drop a NaN by operand
+// order (and ranks combine in different orders), so floats use the core's kernels for them;
+// MPI_SUM / MPI_PROD differ only in which NaN payload survives, which the caller canonicalizes.
 MPI_Op BuiltinOp(DataType t, ReduceOp op) {
   switch (t) {
     case DataType::kFloat16: case DataType::kBfloat16: case DataType::kBool: return MPI_OP_NULL;
+    case DataType::kFloat32: case DataType::kFloat64:
+      if (op == ReduceOp::kMin || op == ReduceOp::kMax) return MPI_OP_NULL;
+      break;
     default: break;
   }
   switch (op) {
@@ -385,8 +391,10 @@ class MpiCommunicator : public Communicator {
                                              scale);
     }
     auto p = std::make_unique<MpiPending>();
-    int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), OpFor(user_, dtype, op, topo_.cross_size > 1), comm_, p->request());
-    return ScaledWhenDone(Checked(std::move(p), rc, "MPI_Iallreduce"), buf, count, dtype, scale);
+    const MPI_Op mpi_op = OpFor(user_, dtype, op, topo_.cross_size > 1);
+    const bool builtin = mpi_op == BuiltinOp(dtype, op);
+    int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), mpi_op, comm_, p->request());
+    return ScaledWhenDone(Checked(std::move(p), rc, "MPI_Iallreduce"), buf, count, dtype, scale, builtin);
   }
   std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override {
     auto p = std::make_unique<MpiPending>();

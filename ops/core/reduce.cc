@@ -36,18 +36,42 @@ struct Brain16 {
 #else
 #define MLSL_CLONES  // other CPUs and compilers: the compiler's own vectorisation of the loop
 #endif
+// Floating-point results are the same bits whatever the operand order, so every rank holds the
+// same bits however MPI combined the ranks' data: a NaN result is always the one canonical
+// quiet NaN (x86 keeps the first operand's payload and sign), Min and Max propagate NaN (as
+// np.minimum / np.maximum do; a plain `a < b ? a : b` keeps or drops it by operand order) and
+// order -0 before +0 (IEEE 754-2019 minimum / maximum).
+template <typename V> inline V Canon(V v) {
+  if constexpr (std::is_floating_point_v<V>) return v == v ? v : std::numeric_limits<V>::quiet_NaN();
+  return v;
+}
+template <typename V> inline V MinOf(V a, V b) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (a != a || b != b) return std::numeric_limits<V>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? a : b;  // equal values differ only as -0 / +0
+  }
+  return b < a ? b : a;
+}
+template <typename V> inline V MaxOf(V a, V b) {
+  if constexpr (std::is_floating_point_v<V>) {
+    if (a != a || b != b) return std::numeric_limits<V>::quiet_NaN();
+    if (a == b) return std::signbit(a) ? b : a;
+  }
+  return a < b ? b : a;
+}
+
 #define MLSL_KERNELS(T)                                                                                   \
   MLSL_CLONES void Sum(T* __restrict d, const T* __restrict s, int64_t n) {                              \
-    for (int64_t i = 0; i < n; ++i) d[i] = T(d[i] + s[i]);                                                \
+    for (int64_t i = 0; i < n; ++i) d[i] = Canon(T(d[i] + s[i]));                                         \
   }                                                                                                       \
   MLSL_CLONES void Prod(T* __restrict d, const T* __restrict s, int64_t n) {                             \
-    for (int64_t i = 0; i < n; ++i) d[i] = T(d[i] * s[i]);                                                \
+    for (int64_t i = 0; i < n; ++i) d[i] = Canon(T(d[i] * s[i]));                                         \
   }                                                                                                       \
   MLSL_CLONES void Min(T* __restrict d, const T* __restrict s, int64_t n) {                              \
-    for (int64_t i = 0; i < n; ++i) d[i] = s[i] < d[i] ? s[i] : d[i];                                     \
+    for (int64_t i = 0; i < n; ++i) d[i] = MinOf(d[i], s[i]);                                             \
   }                                                                                                       \
   MLSL_CLONES void Max(T* __restrict d, const T* __restrict s, int64_t n) {                              \
-    for (int64_t i = 0; i < n; ++i) d[i] = d[i] < s[i] ? s[i] : d[i];                                     \
+    for (int64_t i = 0; i < n; ++i) d[i] = MaxOf(d[i], s[i]);                                             \
   }
 // x times f in double, rounded once back to float: the arithmetic of every ScaleInPlace.
 MLSL_CLONES void Scale(float* __restrict d, int64_t n, double f) {
@@ -84,16 +108,16 @@ void ReduceTyped(S* dst, const S* src, int64_t n, ReduceOp op) {
     case ReduceOp::kAverage:
     case ReduceOp::kSum:
     case ReduceOp::kAdasum:
-      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(V(C::Load(dst[i]) + C::Load(src[i])));
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(Canon(V(C::Load(dst[i]) + C::Load(src[i]))));
       break;
     case ReduceOp::kProduct:
-      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(V(C::Load(dst[i]) * C::Load(src[i])));
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(Canon(V(C::Load(dst[i]) * C::Load(src[i]))));
       break;
     case ReduceOp::kMin:
-      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(std::min(C::Load(dst[i]), C::Load(src[i])));
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(MinOf(C::Load(dst[i]), C::Load(src[i])));
       break;
     case ReduceOp::kMax:
-      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(std::max(C::Load(dst[i]), C::Load(src[i])));
+      for (int64_t i = 0; i < n; ++i) dst[i] = C::Store(MaxOf(C::Load(dst[i]), C::Load(src[i])));
       break;
   }
 }
@@ -162,6 +186,22 @@ void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, Reduc
 #define CALL(S, C) ReduceTyped<S, C>(static_cast<S*>(dst), static_cast<const S*>(src), count, op)
   MLSL_DISPATCH(dtype, CALL)
 #undef CALL
+}
+
+void CanonicalizeNaN(void* data, int64_t count, DataType dtype) {
+  if (dtype == DataType::kFloat32) {
+    float* d = static_cast<float*>(data);
+    for (int64_t i = 0; i < count; ++i) d[i] = Canon(d[i]);
+  } else if (dtype == DataType::kFloat64) {
+    double* d = static_cast<double*>(data);
+    for (int64_t i = 0; i < count; ++i) d[i] = Canon(d[i]);
+  } else if (dtype == DataType::kFloat16 || dtype == DataType::kBfloat16) {
+    uint16_t* d = static_cast<uint16_t*>(data);
+    const uint16_t exp = dtype == DataType::kFloat16 ? 0x7c00 : 0x7f80, nan = dtype == DataType::kFloat16 ? 0x7e00 : 0x7fc0;
+    for (int64_t i = 0; i < count; ++i) {
+      if ((d[i] & exp) == exp && (d[i] & uint16_t(~exp & 0x7fff))) d[i] = nan;
+    }
+  }
 }
 
 void ScaleInPlace(void* data, int64_t count, DataType dtype, double factor) {

@@ -16,6 +16,12 @@ Status CheckReducible(DataType dtype, ReduceOp op);
 // dst[i] = dst[i] (op) src[i] for i < count. Average reduces like Sum (scaling is separate).
 void ReduceInto(void* dst, const void* src, int64_t count, DataType dtype, ReduceOp op);
 
+// dst[i] = dst[i] (op) src[i] gives the same bits whatever the operand order (so whatever order
+// MPI combines the ranks in): NaN results are the canonical quiet NaN, Min/Max propagate NaN and
+// take -0 as below +0. CanonicalizeNaN turns every NaN of a float buffer into that NaN (for
+// results MPI's built-in operations computed).
+void CanonicalizeNaN(void* data, int64_t count, DataType dtype);
+
 // data[i] *= factor, computed in double and converted back (integers truncate toward zero).
 void ScaleInPlace(void* data, int64_t count, DataType dtype, double factor);
 

@@ -31,6 +31,7 @@ constexpr uint64_t kNobodyBusy = 2;       // flags word, bit 1: no rank has tran
 constexpr uint64_t kNobodyStalled = 4;    // bit 2: no rank has a request due for a stall warning
 constexpr uint64_t kNobodyPastLimit = 8;  // bit 3: no rank has waited past MLSL_TF_STALL_SHUTDOWN_SECONDS
 constexpr uint64_t kNobodyWaits = 16;     // bit 4: no rank has a request or a join pending
+// bit 5 (kLayoutAgrees, communicator.h): cleared by CombineControl when two ranks' layouts differ
 
 SchedulerOptions OptionsFromSettings() {
   SchedulerOptions o;
@@ -343,11 +344,14 @@ bool Runtime::Cycle(bool* progress) {
   const int num_groups = int(groups_.size());
   const int64_t flags_at = 1, joined_at = 2, shut_at = 2 + rank_words, ready_at = 2 + 2 * rank_words;
   //                 [the largest eager region any rank wants next cycle, complemented] (MIN)
+  //                 [the id table's fingerprint, and its complement] (MIN: both equal min and max)
   //                 [this cycle's eager region: small allreduces riding along (eager.h)]
   const int64_t done_at = ready_at + Words(num_ids);
-  const int64_t wanted_at = done_at + num_groups, eager_at = wanted_at + 1;
+  const int64_t wanted_at = done_at + num_groups, table_at = wanted_at + 1, eager_at = table_at + 2;
   std::vector<uint64_t> bits(eager_at + eager_words_, ~uint64_t(0));
-  bits[0] = uint64_t(done_at - 1) | (uint64_t(num_groups + 1) << 32);
+  bits[0] = uint64_t(done_at - 1) | (uint64_t(num_groups + 3) << 32);
+  bits[table_at] = coordinator_.fingerprint();
+  bits[table_at + 1] = ~coordinator_.fingerprint();
   if (join_) ClearBit(bits, joined_at, rank_);  // a joined rank is ready for everything
   if (stopping) ClearBit(bits, shut_at, rank_);
   if (!AllIdle()) bits[flags_at] &= ~kNobodyBusy;
@@ -385,6 +389,12 @@ bool Runtime::Cycle(bool* progress) {
     return false;
   }
 
+  if (!(bits[flags_at] & kLayoutAgrees) || bits[table_at] != ~bits[table_at + 1]) {
+    // Ids (ready bits, eager entries) would name different collectives on different ranks.
+    Close("mlsl_tf: the ranks no longer agree on the ids of collective names (their caches of agreed names "
+          "differ; is MLSL_TF_CACHE_CAPACITY the same on every rank?), so no collective can be paired safely");
+    return false;
+  }
   std::vector<int> gone;
   for (int r = 0; r < size_; ++r) if (r != rank_ && !TestBit(bits, shut_at, r)) gone.push_back(r);
   if (!gone.empty()) {
@@ -429,7 +439,8 @@ bool Runtime::Cycle(bool* progress) {
   std::sort(agreed.begin(), agreed.end());
   ++cycle_;
   // Every rank has the same valid entries: those every rank contributed, reduced.
-  const std::vector<int32_t> eager = FinishEager(bits.data() + eager_at, eager_words_);
+  std::vector<int32_t> eager;
+  if (!FinishEager(bits.data() + eager_at, eager_words_, &eager)) return false;
   eager_words_ = int64_t(~bits[wanted_at]);
   if (!eager.empty()) *progress = true;
   for (int32_t id : agreed) {

@@ -138,10 +138,11 @@ class Runtime {
   // Eager allreduces (eager.h): whether a request is of a kind and size that may ride in the
   // control message (once ready); fills the region at (*bits)[at..) with this rank's ready ones
   // and returns the region it wants next cycle (0: none); finishes the requests of a combined
-  // region's valid entries, returning their ids in order.
+  // region's valid entries, putting their ids in order into *ids; false (the runtime closed)
+  // when an entry's id is not one of this rank's ready requests.
   bool Eager(const Local& l) const;
   int64_t FillEager(std::vector<uint64_t>* bits, int64_t at);
-  std::vector<int32_t> FinishEager(const uint64_t* region, int64_t words);
+  bool FinishEager(const uint64_t* region, int64_t words, std::vector<int32_t>* ids);
   void FinishJoin(int last_rank);
   // A timeline start / stop handed from a framework thread to the background thread.
   struct TimelineChange {

@@ -54,12 +54,23 @@ int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
   return wanted ? wanted + 1 : 0;
 }
 
-std::vector<int32_t> Runtime::FinishEager(const uint64_t* region, int64_t words) {
-  std::vector<int32_t> ids;
+bool Runtime::FinishEager(const uint64_t* region, int64_t words, std::vector<int32_t>* ids_out) {
+  std::vector<int32_t>& ids = *ids_out;
   for (const EagerEntry& e : ValidEager(region, words)) {
+    // Every rank contributed it, this one too, so it is here and ready under this id -- unless
+    // the ranks' ids disagree, which must end in an error, never in another tensor's data.
+    const bool known = e.id >= 0 && e.id < coordinator_.num_ids();
+    auto it = known ? pending_.find(coordinator_.meta(e.id).name) : pending_.end();
+    if (it == pending_.end() || it->second.id != e.id || it->second.state != Local::kReady ||
+        it->second.meta.dtype != e.dtype || Elements(it->second.meta) != e.count) {
+      Close("mlsl_tf: a small allreduce came back under id " + std::to_string(e.id) +
+            (known ? " ('" + ShownName(coordinator_.meta(e.id).name) + "' on this rank)" : std::string()) +
+            ", which no collective of rank " + std::to_string(rank_) + " is waiting under: the ranks' ids of "
+            "collective names differ");
+      return false;
+    }
     ids.push_back(e.id);
     const RequestMeta& meta = coordinator_.meta(e.id);
-    auto it = pending_.find(meta.name);  // it contributed, so it is here and ready
     Request* r = it->second.request.get();
     const size_t esize = DataTypeSize(meta.dtype);
     const double post = meta.reduce_op == ReduceOp::kAverage ? meta.postscale / size_ : meta.postscale;
@@ -87,7 +98,7 @@ std::vector<int32_t> Runtime::FinishEager(const uint64_t* region, int64_t words)
     Finish(meta.name, s);
   }
   std::sort(ids.begin(), ids.end());
-  return ids;
+  return true;
 }
 
 }  // namespace mlsl

@@ -36,7 +36,7 @@ const std::vector<SettingInfo>& AllSettings() {
       {"MLSL_TF_EAGER_BYTES", "8192",
        "allreduces of at most this many bytes whose name every rank already knows ride in the control "
        "message and finish in its one round trip (0 = never); also the most such data one message carries",
-       T::kBytes, 0, int64_t(1) << 20},
+       T::kBytes, 0, int64_t(1) << 20, "", true},
       {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64, "", true},
       {"MLSL_TF_FUSION_THRESHOLD", "1048576",
        "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",
@@ -44,13 +44,13 @@ const std::vector<SettingInfo>& AllSettings() {
       {"MLSL_TF_CACHE_CAPACITY", "4096",
        "collective names whose agreement is remembered (a remembered name needs no negotiation); when there are "
        "more and every rank is idle, the least recently used are forgotten",
-       T::kInt, 16, 1 << 24},
+       T::kInt, 16, 1 << 24, "", true},
       {"MLSL_TF_PRIORITY", "priority",
        "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served",
        T::kChoice, 0, 0, "priority|fifo", true},
       {"MLSL_TF_WIRE_DTYPE", "float32",
        "wire type of float32 allreduces/reducescatters without an explicit compression",
-       T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none"},
+       T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none", true},
       {"MLSL_TF_COMM_CORE", "",
        "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kCores},
       {"MLSL_TF_BIND", "auto",
@@ -295,7 +295,11 @@ std::string AgreedSettings() {
   for (const SettingInfo& s : AllSettings()) {
     if (!s.agreed) continue;
     const bool number = s.type == SettingType::kInt || s.type == SettingType::kBytes;
-    out += std::string(s.name) + "=" + (number ? std::to_string(SettingInt(s.name)) : SettingString(s.name)) + "\n";
+    std::string value = number ? std::to_string(SettingInt(s.name)) : SettingString(s.name);
+    if (std::string(s.name) == "MLSL_TF_WIRE_DTYPE") {  // aliases of one wire type compare equal
+      value = value == "bf16" ? "bfloat16" : value == "fp16" ? "float16" : (value == "fp32" || value == "none") ? "float32" : value;
+    }
+    out += std::string(s.name) + "=" + value + "\n";
   }
   return out;
 }

@@ -26,8 +26,10 @@ struct SettingInfo {
   SettingType type = SettingType::kText;
   int64_t min = 0, max = INT64_MAX;
   const char* choices = "";
-  // Shapes the collectives every rank starts (chunks, slots, fusion, order, algorithm): ranks
-  // with different values would start different MPI operations, so init() compares them.
+  // Shapes the collectives every rank starts (chunks, slots, fusion, order, algorithm), the
+  // control message (eager bytes, the name cache's ids) or the results (wire type): ranks with
+  // different values would start different MPI operations, pair different collectives or get
+  // different bits, so init() compares them.
   bool agreed = false;
   // Another variable read for this setting when it is unset (Horovod's name, e.g.
   // HOROVOD_TIMELINE): checked like it, and an error when both are set to different values.

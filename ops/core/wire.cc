@@ -1,5 +1,6 @@
 #include "wire.h"
 
+#include <cmath>
 #include <cstring>
 
 #include "bf16.h"
@@ -27,7 +28,9 @@ std::vector<int64_t> Slices(int64_t n, int p) {
   return c;
 }
 
-// Rounds in (+ residual) to the wire; the residual becomes what the rounding lost.
+// Rounds in (+ residual) to the wire; the residual becomes what the rounding lost -- 0 where that
+// is not finite (an Inf or NaN input, or a sum that overflowed): a residual holding Inf or NaN
+// would add it to the element at every later step, one overflow step would poison it for good.
 void EncodeWithFeedback(DataType wire, const float* in, float* residual, void* out, int64_t n, WireScratch* s) {
   if (!residual) {
     EncodeWire(wire, in, out, n);
@@ -39,7 +42,10 @@ void EncodeWithFeedback(DataType wire, const float* in, float* residual, void* o
   for (int64_t i = 0; i < n; ++i) corrected[i] = in[i] + residual[i];
   EncodeWire(wire, corrected, out, n);
   DecodeWire(wire, out, s->back.data(), n);
-  for (int64_t i = 0; i < n; ++i) residual[i] = corrected[i] - s->back[i];
+  for (int64_t i = 0; i < n; ++i) {
+    const float lost = corrected[i] - s->back[i];
+    residual[i] = std::isfinite(lost) ? lost : 0.0f;
+  }
 }
 
 std::vector<int64_t> Scaled(const std::vector<int64_t>& v, int64_t k) {

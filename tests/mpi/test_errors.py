@@ -148,7 +148,8 @@ def test_join_in_tf_function():
 
 
 @pytest.mark.parametrize("name,mine", [("MLSL_TF_RING_BYTES", "0"), ("MLSL_TF_CHUNK_BYTES", "65536"),
-                                       ("MLSL_TF_PRIORITY", "fifo")])
+                                       ("MLSL_TF_PRIORITY", "fifo"), ("MLSL_TF_CACHE_CAPACITY", "64"),
+                                       ("MLSL_TF_EAGER_BYTES", "0"), ("MLSL_TF_WIRE_DTYPE", "bfloat16")])
 def test_settings_that_shape_collectives_must_agree(name, mine):
     """One rank with a different chunk size, ring threshold or order would start other MPI
     operations than its peers: init() fails on every rank, naming the setting and the values."""
@@ -166,3 +167,17 @@ def test_settings_that_shape_collectives_must_agree(name, mine):
         os.environ.pop(name, None)
         hvd.init()
     np.testing.assert_allclose(hvd.allreduce(tf.ones([2]), op=hvd.Sum, name=f"agreed.{name}").numpy(), [N, N])
+
+
+def test_wire_dtype_aliases_agree():
+    """bf16 and bfloat16 name the same wire: init() accepts them on different ranks."""
+    import os
+    try:
+        os.environ["MLSL_TF_WIRE_DTYPE"] = "bf16" if R == 0 else "bfloat16"
+        hvd.shutdown()
+        hvd.init()
+        assert hvd.is_initialized()
+    finally:
+        os.environ.pop("MLSL_TF_WIRE_DTYPE", None)
+        hvd.shutdown()
+        hvd.init()

@@ -54,6 +54,49 @@ def test_unnamed_eager_calls_from_two_threads_pair_by_thread():
     assert wrong == []
 
 
+def test_numbered_default_thread_names_are_refused_never_paired():
+    """Rank 0 creates one thread more first, so its workers' default names (Thread-N (work))
+    are numbered one higher than on the other ranks: pairing by those names summed one worker's
+    tensor with the other worker's (a wrong sum every time) and left the other worker hanging.
+    Now every worker on every rank gets an error naming its thread and the collective, at once."""
+    if R == 0:
+        extra = threading.Thread(target=lambda: None)
+        extra.start()
+        extra.join()
+    sums, errors = [], {}
+
+    def work(t):
+        try:
+            for i in range(50):
+                x = tf.constant([float(t * 1000 + i), float(R)])
+                sums.append((t, i, hvd.allreduce(x, op=hvd.Sum).numpy().tolist()))
+        except ValueError as e:
+            errors[t] = (threading.current_thread().name, str(e))
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert not any(th.is_alive() for th in threads), "a worker hung"
+    assert sums == [], f"a default-named thread's collective ran: {sums[:3]}"
+    assert sorted(errors) == [0, 1]
+    for thread_name, message in errors.values():
+        assert f"thread '{thread_name}'" in message and "MlslAllreduce" in message, message
+    # the same workers with explicit names pair thread with thread
+    results = {}
+
+    def named(t):
+        results[t] = hvd.allreduce(tf.constant([float(t)]), op=hvd.Sum).numpy().tolist()
+
+    threads = [threading.Thread(target=named, args=(t,), name=f"named{t}") for t in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=30)
+    assert results == {t: [float(N * t)] for t in range(2)}
+
+
 def test_unnamed_allgather_and_broadcast_from_threads():
     results = {}
 

@@ -102,3 +102,34 @@ TEST(metas_round_trip) {
   CHECK_EQ(back[1].name, std::string("second"));
   CHECK(!ParseMetas(buf.data(), buf.size() - 1, &back));
 }
+
+// Agrees `names` (in this order) on a one-rank coordinator.
+static void AgreeAll(Coordinator* c, const std::vector<std::string>& names) {
+  for (const auto& n : names) c->Announce(0, Meta(n, {1}));
+  c->Resolve(std::vector<bool>(1, false));
+}
+
+TEST(coordinator_fingerprint_follows_the_id_table) {
+  Coordinator a(1), b(1), swapped(1);
+  CHECK_EQ(a.fingerprint(), b.fingerprint());
+  AgreeAll(&a, {"x", "y", "z"});
+  AgreeAll(&b, {"x", "y", "z"});
+  AgreeAll(&swapped, {"y", "x", "z"});  // same names, other ids
+  CHECK_EQ(a.fingerprint(), b.fingerprint());
+  CHECK(a.fingerprint() != swapped.fingerprint());
+  // The same history forgets the same names; a different number kept differs.
+  a.Touch(2, 5);
+  b.Touch(2, 5);
+  a.Retire(2);
+  b.Retire(1);
+  CHECK(a.fingerprint() != b.fingerprint());
+  Coordinator c(1);
+  AgreeAll(&c, {"x", "y", "z"});
+  c.Touch(2, 5);
+  c.Retire(2);
+  CHECK_EQ(a.fingerprint(), c.fingerprint());
+  // A table rebuilt from scratch with the survivors in the same order matches too.
+  Coordinator d(1);
+  AgreeAll(&d, {"y", "z"});
+  CHECK_EQ(a.fingerprint(), d.fingerprint());
+}

@@ -2,6 +2,7 @@
 #include <cstring>
 #include <vector>
 
+#include "../communicator.h"
 #include "../eager.h"
 #include "check.h"
 
@@ -89,4 +90,22 @@ TEST(eager_combining_keeps_what_every_rank_holds_reduced) {
   CHECK(q.Put<float>(2, DataType::kFloat32, ReduceOp::kMax, {1}));
   CombineEager(p.words.data(), q.words.data(), 16);
   CHECK(ValidEager(q.words.data(), 16).empty());
+}
+
+// Two control messages with different layouts (word 0) are not combined: the layout flag
+// (kLayoutAgrees in word 1) is cleared so every rank can fail instead of misreading the words.
+TEST(control_messages_of_different_layouts_are_flagged) {
+  std::vector<uint64_t> a = {3 | (uint64_t(2) << 32), ~uint64_t(0), 0xf0, 7, 9};
+  std::vector<uint64_t> same = a, other = {4 | (uint64_t(1) << 32), ~uint64_t(0), 0x0f, 1, 2};
+  same[2] = 0x3c;
+  same[4] = 1;
+  CombineControl(same.data(), a.data(), 5);
+  CHECK(a[1] & kLayoutAgrees);
+  CHECK_EQ(a[2], uint64_t(0x30));
+  CHECK_EQ(a[4], uint64_t(1));
+  std::vector<uint64_t> before = a;
+  CombineControl(other.data(), a.data(), 5);
+  CHECK(!(a[1] & kLayoutAgrees));
+  CHECK_EQ(a[2], before[2]);
+  CHECK_EQ(a[4], before[4]);
 }

@@ -130,3 +130,51 @@ TEST(vectorised_scale_matches_the_scalar_formula) {
     }
   }
 }
+
+namespace {
+uint32_t Bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+float FromBits(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+}  // namespace
+
+// Every op gives the same bits whatever the operand order (ranks combine in different orders):
+// NaN results are the canonical quiet NaN, Min/Max propagate NaN and put -0 below +0.
+TEST(reduce_nonfinite_is_order_independent) {
+  const float nan_a = FromBits(0x7fc00001u), nan_b = FromBits(0xffc01234u), inf = INFINITY;
+  const std::vector<float> a = {nan_a, 1.0f, nan_a, inf, -0.0f, 0.0f, -inf, 2.0f, 0.0f};
+  const std::vector<float> b = {nan_b, nan_b, 3.0f, -inf, 0.0f, -0.0f, 5.0f, nan_a, inf};
+  for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kProduct, ReduceOp::kMin, ReduceOp::kMax}) {
+    std::vector<float> ab = a, ba = b;
+    ReduceInto(ab.data(), b.data(), int64_t(a.size()), DataType::kFloat32, op);
+    ReduceInto(ba.data(), a.data(), int64_t(a.size()), DataType::kFloat32, op);
+    for (size_t i = 0; i < a.size(); ++i) {
+      CHECK_EQ(Bits(ab[i]), Bits(ba[i]));
+      if (std::isnan(ab[i])) CHECK_EQ(Bits(ab[i]), 0x7fc00000u);
+      if (std::isnan(a[i]) || std::isnan(b[i])) CHECK(std::isnan(ab[i]));
+    }
+  }
+  std::vector<float> mn = {-0.0f, 0.0f}, mx = {-0.0f, 0.0f};
+  const std::vector<float> other = {0.0f, -0.0f};
+  ReduceInto(mn.data(), other.data(), 2, DataType::kFloat32, ReduceOp::kMin);
+  ReduceInto(mx.data(), other.data(), 2, DataType::kFloat32, ReduceOp::kMax);
+  CHECK(std::signbit(mn[0]) && std::signbit(mn[1]));
+  CHECK(!std::signbit(mx[0]) && !std::signbit(mx[1]));
+  // 16-bit floats: the codec path, same rules.
+  for (DataType t : {DataType::kFloat16, DataType::kBfloat16}) {
+    std::vector<uint16_t> x = {uint16_t(t == DataType::kFloat16 ? 0x7e05 : 0x7fc5), 0x3c00};
+    std::vector<uint16_t> y = {0x3c00, uint16_t(t == DataType::kFloat16 ? 0xfe07 : 0xffc7)};
+    for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMin, ReduceOp::kMax}) {
+      std::vector<uint16_t> xy = x, yx = y;
+      ReduceInto(xy.data(), y.data(), 2, t, op);
+      ReduceInto(yx.data(), x.data(), 2, t, op);
+      CHECK(xy == yx);
+      CHECK_EQ(int(xy[0]), t == DataType::kFloat16 ? 0x7e00 : 0x7fc0);
+    }
+  }
+  std::vector<double> d = {NAN, 1.0}, e = {2.0, NAN};
+  ReduceInto(d.data(), e.data(), 2, DataType::kFloat64, ReduceOp::kMax);
+  CHECK(std::isnan(d[0]) && std::isnan(d[1]));
+  std::vector<float> c = {nan_b, 1.0f};
+  CanonicalizeNaN(c.data(), 2, DataType::kFloat32);
+  CHECK_EQ(Bits(c[0]), 0x7fc00000u);
+  CHECK_EQ(c[1], 1.0f);
+}

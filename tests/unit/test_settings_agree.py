@@ -1,0 +1,41 @@
+"""Ranks started with different MLSL_TF_CACHE_CAPACITY (an MPMD job: one environment per rank)
+fail init() on every rank with an error naming the setting and each rank's value -- before the
+check, such a job hung or crashed (malloc(): invalid size) once one rank forgot names."""
+
+import os
+import subprocess
+import sys
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+MPIEXEC = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+
+PROGRAM = """
+import sys
+import tensorflow as tf
+import mlsl_tf as hvd
+try:
+    hvd.init()
+except RuntimeError as e:
+    print("INIT-ERROR", str(e).replace(chr(10), " "), flush=True)
+    sys.exit(3)
+# Without the check: many distinct names make the rank with the small cache forget names.
+for i in range(200):
+    hvd.allreduce(tf.ones([4]), op=hvd.Sum, name=f"n{i}")
+print("NO-ERROR", flush=True)
+"""
+
+
+def test_cache_capacity_mismatch_is_an_init_error_on_every_rank():
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLSL_TF_")}
+    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3")
+    def rank(capacity):
+        return ["-n", "1", "env", f"MLSL_TF_CACHE_CAPACITY={capacity}", sys.executable, "-c", PROGRAM]
+
+    argv = [MPIEXEC, *rank(16), ":", *rank(64)]
+    out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    lines = [line for line in out.stdout.splitlines() if line.startswith(("INIT-ERROR", "NO-ERROR"))]
+    assert len(lines) == 2, out.stdout + out.stderr
+    for line in lines:
+        assert line.startswith("INIT-ERROR"), line
+        assert "MLSL_TF_CACHE_CAPACITY must be the same on every rank" in line, line
+        assert "rank 0 has 16" in line and "rank 1 has 64" in line, line
