@@ -43,16 +43,9 @@ int Query(int (*get)(const Runtime&)) {
 Status AgreeOnSettings(Communicator* comm) {
   const std::string mine = AgreedSettings();
   const int n = comm->size();
-  std::vector<int64_t> lengths(n);
-  const int64_t my_length = int64_t(mine.size());
-  auto op = comm->Allgatherv(&my_length, lengths.data(), std::vector<int64_t>(n, int64_t(sizeof(int64_t))));
-  Status s = Wait(op.get());
-  if (!s.ok()) return s;
-  int64_t total = 0;
-  for (int64_t l : lengths) total += l;
-  std::string all(size_t(total), '\0');
-  op = comm->Allgatherv(mine.data(), &all[0], lengths);
-  s = Wait(op.get());
+  std::vector<int64_t> lengths;
+  std::string all;
+  Status s = AllgatherStrings(comm, mine, &lengths, &all);
   if (!s.ok()) return s;
   std::vector<std::vector<std::string>> lines(n);  // per rank, "NAME=value"
   int64_t at = 0;

@@ -47,6 +47,20 @@ std::unique_ptr<PendingOp> ScaledWhenDone(std::unique_ptr<PendingOp> op, void* b
   return std::make_unique<Scaled>(std::move(op), buf, count, dtype, scale, canonicalize);
 }
 
+Status AllgatherStrings(Communicator* comm, const std::string& mine, std::vector<int64_t>* sizes, std::string* all) {
+  const int n = comm->size();
+  sizes->assign(n, 0);
+  const int64_t my_size = int64_t(mine.size());
+  auto op = comm->Allgatherv(&my_size, sizes->data(), std::vector<int64_t>(n, int64_t(sizeof(int64_t))));
+  Status s = Wait(op.get());
+  if (!s.ok()) return s;
+  int64_t total = 0;
+  for (int64_t v : *sizes) total += v;
+  all->assign(size_t(total), '\0');
+  op = comm->Allgatherv(mine.data(), all->data(), *sizes);
+  return Wait(op.get());
+}
+
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();

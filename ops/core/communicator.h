@@ -67,6 +67,10 @@ class Communicator {
 // test and returns true while other work is in flight (then the wait only yields, never sleeps).
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests = nullptr);
 
+// Every rank's `mine`, concatenated in rank order into *all, with each rank's length in *sizes
+// (two allgathers: the lengths, then the bytes). Collective over comm.
+Status AllgatherStrings(Communicator* comm, const std::string& mine, std::vector<int64_t>* sizes, std::string* all);
+
 // For implementations: op, then buf (count elements) multiplied by scale once op is done (op
 // itself when scale is 1 and there is nothing to canonicalize). `canonicalize`: first turn every
 // NaN into the canonical one (CanonicalizeNaN), for results of MPI's built-in operations.

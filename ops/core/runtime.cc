@@ -579,19 +579,6 @@ void Runtime::ChangeGroups(const RequestMeta& meta, Request* mine) {
   Finish(meta.name, status);
 }
 
-Status Runtime::GatherStrings(const std::string& mine, std::vector<int64_t>* sizes, std::string* all) {
-  sizes->assign(size_, 0);
-  int64_t my_size = int64_t(mine.size());
-  auto op = comm_->Allgatherv(&my_size, sizes->data(), std::vector<int64_t>(size_, 8));
-  Status s = Wait(op.get());
-  if (!s.ok()) return s;
-  int64_t total = 0;
-  for (int64_t v : *sizes) total += v;
-  all->assign(total, '\0');
-  op = comm_->Allgatherv(mine.data(), all->data(), *sizes);
-  return Wait(op.get());
-}
-
 bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed) {
   std::vector<RequestMeta> mine;
   for (auto& [name, l] : pending_) {
@@ -604,7 +591,7 @@ bool Runtime::Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* a
   SerializeMetas(mine, &payload);
   std::vector<int64_t> sizes;
   std::string all;
-  Status s = GatherStrings(payload, &sizes, &all);
+  Status s = AllgatherStrings(comm_.get(), payload, &sizes, &all);
   if (!s.ok()) {
     Close("mlsl_tf: negotiation failed: " + s.message());
     return false;

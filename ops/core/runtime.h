@@ -126,7 +126,6 @@ class Runtime {
   // The sleep between tests of the transfers in flight: the shortest any busy group allows.
   std::chrono::microseconds PollInterval() const;
   // Every rank's `mine`, concatenated in rank order into *all; *sizes: each rank's length.
-  Status GatherStrings(const std::string& mine, std::vector<int64_t>* sizes, std::string* all);
   // Forgets the least recently used collective names beyond MLSL_TF_CACHE_CAPACITY / 2.
   void ForgetNames();
   // Runs an agreed add_group / remove_group (every rank, same cycle, same order).

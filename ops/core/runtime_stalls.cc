@@ -33,7 +33,7 @@ bool Runtime::ReportStalls(bool shut) {
   }
   std::vector<int64_t> sizes;
   std::string all;
-  Status s = GatherStrings(payload, &sizes, &all);
+  Status s = AllgatherStrings(comm_.get(), payload, &sizes, &all);
   if (!s.ok()) {
     Close("mlsl_tf: the stall report failed: " + s.message());
     return false;

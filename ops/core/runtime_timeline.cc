@@ -15,17 +15,9 @@ Status OpenTimelineAtInit(Communicator* comm, Timeline* timeline) {
   std::string mine = timeline->Open(path, comm->rank());
   if (!mine.empty()) mine += " (" + SettingSource("MLSL_TF_TIMELINE") + "=" + path + ")";
   // Every rank's error (most are empty), so every rank fails alike.
-  const int n = comm->size();
-  std::vector<int64_t> lengths(n);
-  const int64_t my_length = int64_t(mine.size());
-  auto op = comm->Allgatherv(&my_length, lengths.data(), std::vector<int64_t>(n, int64_t(sizeof(int64_t))));
-  Status s = Wait(op.get());
-  if (!s.ok()) return s;
-  int64_t total = 0;
-  for (int64_t l : lengths) total += l;
-  std::string all(size_t(total), '\0');
-  op = comm->Allgatherv(mine.data(), &all[0], lengths);
-  s = Wait(op.get());
+  std::vector<int64_t> lengths;
+  std::string all;
+  Status s = AllgatherStrings(comm, mine, &lengths, &all);
   if (!s.ok()) return s;
   if (all.empty()) return Status::Ok();
   timeline->Close();

@@ -295,7 +295,8 @@ std::string AgreedSettings() {
   for (const SettingInfo& s : AllSettings()) {
     if (!s.agreed) continue;
     const bool number = s.type == SettingType::kInt || s.type == SettingType::kBytes;
-    std::string value = number ? std::to_string(SettingInt(s.name)) : SettingString(s.name);
+    // flags as 1/0 and choices in lower case, so spellings of one value compare equal
+    std::string value = number ? std::to_string(SettingInt(s.name)) : Canonical(s, SettingString(s.name));
     if (std::string(s.name) == "MLSL_TF_WIRE_DTYPE") {  // aliases of one wire type compare equal
       value = value == "bf16" ? "bfloat16" : value == "fp16" ? "float16" : (value == "fp32" || value == "none") ? "float32" : value;
     }
