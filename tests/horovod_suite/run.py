@@ -157,6 +157,7 @@ def main():
                subprocess.run([sys.executable, "-c", f"import {m}"], capture_output=True).returncode]
     if missing:
         p.error(f"the suite needs {', '.join(missing)}: pip install -r {HERE / 'requirements.txt'}")
+    args.out = args.out.resolve()  # the ranks run in Horovod's test folder
     args.out.mkdir(parents=True, exist_ok=True)
     totals_ok = True
     libraries = [None] + ([args.horovod_python] if args.horovod_python else [])
@@ -176,7 +177,7 @@ def main():
                 "seconds": round(seconds, 1)}
         print(json.dumps(line), flush=True)
         if not horovod_python:
-            totals_ok &= not (hung or counts["failed"] or counts["unfinished"])
+            totals_ok &= not (hung or counts["failed"] or counts["unfinished"] or not outcomes)
         for m, (outcome, message) in outcomes.items():
             if outcome in ("failed", "unfinished", "different", "horovod_fails_too", "numpy2") and (args.verbose or counts[outcome] <= 40):
                 print(f"  {outcome:10s} {m}: {message}", flush=True)
