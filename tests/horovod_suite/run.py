@@ -124,12 +124,12 @@ def run_file(test_dir, entry, np_, out_dir, timeout, extra, horovod_python=None)
     seconds = time.time() - start
     outcomes = method_outcomes(prefix, np_)
     for m, (outcome, message) in list(outcomes.items()):
-        if outcome == "failed" and (test_file, m) in DIFFERENT and not horovod_python and not flavour:
+        if outcome == "failed" and (test_file, m) in NUMPY2 and "np.float16(0.0) not less than 1e-08" in message:
+            outcomes[m] = ("numpy2", f"{NUMPY2[(test_file, m)]} ({message})")
+        elif outcome == "failed" and (test_file, m) in DIFFERENT and not horovod_python and not flavour:
             outcomes[m] = ("different", f"deliberate difference: {DIFFERENT[(test_file, m)]} ({message})")
         elif outcome == "failed" and (test_file, m, np_) in HOROVOD_FAILS_TOO and not horovod_python:
             outcomes[m] = ("horovod_fails_too", f"{HOROVOD_FAILS_TOO[(test_file, m, np_)]} ({message})")
-        elif outcome == "failed" and (test_file, m) in NUMPY2 and "np.float16(0.0) not less than 1e-08" in message:
-            outcomes[m] = ("numpy2", f"{NUMPY2[(test_file, m)]} ({message})")
     with open(f"{prefix}.jsonl", "w") as f:
         for m, (outcome, message) in outcomes.items():
             f.write(json.dumps({"file": entry, "np": np_, "method": m, "outcome": outcome,
