@@ -1,4 +1,4 @@
-"""horovod.keras (Horovod's API for standalone Keras) is mlsl_tf.keras: Keras 3 is the only Keras."""
+"""horovod.keras (Horovod's API for standalone Keras) is mlsl_tf.keras, which serves Keras 3 and Keras 2 (tf_keras)."""
 
 import sys
 
