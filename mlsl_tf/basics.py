@@ -87,7 +87,7 @@ def init(comm=None):
         _atexit_registered.append(True)
     if not getattr(sys.excepthook, "mlsl_tf", False):
         sys.excepthook = _exit_promptly_on_error(sys.excepthook)
-    if "keras" in sys.modules:
+    if "keras" in sys.modules or "tf_keras" in sys.modules:
         # A Keras script: progress bars and epoch lines on rank 0 only, as with mlsl_tf.keras.init
         # (set_progress_output("all") brings them back).
         set_progress_output(0)
@@ -113,6 +113,9 @@ def set_progress_output(ranks=0):
         keras.config.enable_interactive_logging()
     else:
         keras.config.disable_interactive_logging()
+    tf_keras = sys.modules.get("tf_keras")  # Keras 2, when the script uses it: the same switch
+    if tf_keras is not None and hasattr(tf_keras, "utils"):
+        (tf_keras.utils.enable_interactive_logging if show else tf_keras.utils.disable_interactive_logging)()
 
 
 def shutdown():

@@ -123,9 +123,12 @@ def init(comm=None, process_sets=None):
     A second init() registers the sets not registered yet."""
     sets = [] if process_sets is None or (isinstance(process_sets, str) and process_sets.lower() == "dynamic") \
         else process_sets
-    if isinstance(sets, (str, ProcessSet)) or not all(isinstance(ps, ProcessSet) for ps in list(sets)):
+    try:
+        sets = None if isinstance(sets, (str, ProcessSet)) else list(sets)
+    except TypeError:
+        sets = None
+    if sets is None or not all(isinstance(ps, ProcessSet) for ps in sets):
         raise ValueError(f"init: process_sets must be a list of mlsl_tf.ProcessSet or 'dynamic', got {process_sets!r}")
-    sets = list(sets)
     basics.init(comm)
     for index, ps in enumerate(sets):
         existing = _find_registered(ps.ranks)
@@ -142,7 +145,7 @@ _YES = ("1", "true", "on", "yes")
 def dynamic_process_sets():
     """Whether add_process_set / remove_process_set may run after init (MLSL_TF_DYNAMIC_PROCESS_SETS,
     or Horovod's HOROVOD_DYNAMIC_PROCESS_SETS; on unless set to 0)."""
-    return _library.settings()["MLSL_TF_DYNAMIC_PROCESS_SETS"][2].lower() in _YES
+    return _library.settings()["MLSL_TF_DYNAMIC_PROCESS_SETS"][2].strip().lower() in _YES
 
 
 def _check_dynamic(what):
@@ -203,6 +206,7 @@ def remove_process_set(process_set):
         raise ValueError(f"removing group {group_id} failed: {_library.last_error()}")
     for ps in _registered.pop(group_id, []):
         ps._invalidate()
+    _data_parallel_of.pop(group_id, None)  # the id may be reused by an unrelated set
     if isinstance(process_set, ProcessSet):
         process_set._invalidate()
     return True

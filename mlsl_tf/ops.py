@@ -93,7 +93,7 @@ def _check_adasum(process_set, compression):
     if compression.wire:
         raise ValueError(f"the Adasum reduction cannot be combined with {type(compression).__name__} "
                          "(bf16 wire compression); use Compression.none or Compression.fp16")
-    n = _group_rank_and_size(process_set)[1]
+    n = _group_size(process_set)  # also on a rank outside the group: its collective fails later, by name
     if n & (n - 1):
         raise NotImplementedError(f"the Adasum reduction needs a power-of-two number of ranks (1, 2, 4, 8 ...); "
                                   f"this {'group' if _group_id(process_set) else 'job'} has {n}")
@@ -113,6 +113,16 @@ def _group_id(process_set):
         return 0
     from mlsl_tf.groups import _group_id_of
     return _group_id_of(process_set)
+
+
+def _group_size(process_set):
+    """The number of ranks of `process_set` (a ProcessSet or its id; None: the world), also on a
+    rank outside it."""
+    group_id = _group_id(process_set)
+    if group_id == 0:
+        return size()
+    from mlsl_tf.groups import process_set_by_id
+    return len(process_set_by_id(group_id).ranks)
 
 
 def process_set_included(process_set):
@@ -350,10 +360,7 @@ def local_rank_op(name=None):
 def size_op(process_set_id=0, name=None):
     """The number of ranks (of group `process_set_id`, also on a rank outside it) as an int32
     scalar tensor."""
-    if _group_id(process_set_id) == 0:
-        return tf.constant(size(), tf.int32, name=name)
-    from mlsl_tf.groups import process_set_by_id
-    return tf.constant(len(process_set_by_id(process_set_id).ranks), tf.int32, name=name)
+    return tf.constant(_group_size(process_set_id), tf.int32, name=name)
 
 
 def process_set_included_op(process_set_id=0, name=None):

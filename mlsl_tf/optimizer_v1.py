@@ -19,26 +19,26 @@ class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
     """A tf.compat.v1.train.Optimizer that reduces gradients in compute_gradients."""
 
     def __init__(self, optimizer, options, backward_passes_per_step=1, average_aggregated_gradients=False,
-                 use_locking=False):
+                 use_locking=False, scale_local_gradients=True):
         super().__init__(name=options.name, use_locking=use_locking)
         self._optimizer = optimizer
         self._mlsl_options = options
         self._mlsl_passes = int(backward_passes_per_step)
         self._mlsl_average_aggregated = bool(average_aggregated_gradients)
         self._mlsl_local_vars = set()
+        self._mlsl_scale_local = bool(scale_local_gradients)
         self._mlsl_accumulators = None
         self._mlsl_counter = None
 
     def register_local_var(self, var):
-        """`var` is this rank's own: its gradient is not reduced."""
+        """`var` is this rank's own: its gradient is not reduced, only divided by the group's size
+        (scale_local_gradients, as Horovod does) or applied as it is."""
         self._mlsl_local_vars.add(id(var))
 
     def _reduce(self, grads, variables):
-        if not self._mlsl_options.member():
-            return list(grads)
-        shared = [None if id(v) in self._mlsl_local_vars else g for g, v in zip(grads, variables)]
-        out = self._mlsl_options.reduce(shared, list(range(len(grads))), lambda v: _position(variables, v))
-        return [g if id(v) in self._mlsl_local_vars else r for g, r, v in zip(grads, out, variables)]
+        is_local = [id(v) in self._mlsl_local_vars for v in variables]
+        return self._mlsl_options.reduce_except_local(grads, is_local, list(range(len(grads))),
+                                                      lambda v: _position(variables, v), self._mlsl_scale_local)
 
     def compute_gradients(self, *args, **kwargs):
         pairs = self._optimizer.compute_gradients(*args, **kwargs)
@@ -120,7 +120,7 @@ def _position(variables, v):
 def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="", device_sparse="",
                          compression=None, sparse_as_dense=False, backward_passes_per_step=1, op=None,
                          gradient_predivide_factor=1.0, average_aggregated_gradients=False, num_groups=0,
-                         groups=None, process_set=None, group=None):
+                         groups=None, process_set=None, group=None, scale_local_gradients=True):
     """Horovod's DistributedOptimizer over a TensorFlow 1 optimizer."""
     if op == ops.Adasum:
         raise NotImplementedError("DistributedOptimizer(op=Adasum) over a TensorFlow 1 optimizer (Horovod combines "
@@ -132,4 +132,4 @@ def DistributedOptimizer(optimizer, name=None, use_locking=False, device_dense="
                             sparse_as_dense, ops.Average if op is None else op, gradient_predivide_factor,
                             num_groups, groups, process_set if group is None else group, device_dense, device_sparse)
     return DistributedOptimizerV1(optimizer, options, backward_passes_per_step, average_aggregated_gradients,
-                                  use_locking)
+                                  use_locking, scale_local_gradients)

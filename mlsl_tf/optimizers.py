@@ -11,7 +11,7 @@ def DistributedOptimizer(optimizer, *args, **kwargs):
     """Returns `optimizer_` wrapped so that its gradients are reduced over the ranks (Horovod's
     DistributedOptimizer; the arguments are Horovod's, see mlsl_tf.optimizer.DistributedOptimizer)."""
     if isinstance(optimizer, tf.compat.v1.train.Optimizer):
-        for keras_only in ("scale_local_gradients", "cross_iteration", "_in_place"):
+        for keras_only in ("cross_iteration", "_in_place"):
             kwargs.pop(keras_only, None)
         return tf1.DistributedOptimizer(optimizer, *args, **kwargs)
     return keras3.DistributedOptimizer(optimizer, *args, **kwargs)

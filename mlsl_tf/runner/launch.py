@@ -185,14 +185,15 @@ def first_failure(statuses: Sequence[task.RankStatus]) -> Optional[task.RankStat
                                       s.time if s.failed_at is None else s.failed_at, s.rank))
 
 
-_SHUT_DOWN = re.compile(r"\brank (\d+) shut down\b")
+_SHUT_DOWN = re.compile(r"\branks? (\d+(?:, \d+)*) shut down\b")
 
 
 def shut_down_peer(failure: task.RankStatus) -> Optional[int]:
     """The rank a failure only reports the end of (mlsl_tf's "rank N shut down, so collectives
-    can no longer complete"), or None (pure)."""
+    can no longer complete"; of "ranks N, M shut down" the first listed), or None (pure)."""
     m = _SHUT_DOWN.search(failure.error or "") if failure.caused_by_peer else None
-    return int(m.group(1)) if m and int(m.group(1)) != failure.rank else None
+    peers = [int(r) for r in m.group(1).split(", ")] if m else []
+    return next((r for r in peers if r != failure.rank), None)
 
 
 def blame(failure: task.RankStatus, status_dir: str) -> str:

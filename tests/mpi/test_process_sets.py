@@ -69,6 +69,38 @@ def test_collectives_within_each_set(mode):
     np.testing.assert_array_equal(got.numpy(), [root])
 
 
+def test_size_op_takes_the_set_itself_and_init_takes_any_iterable():
+    assert int(hvd.size_op(process_set_id=odd_set)) == len(ODD)
+    hvd.init(process_sets=(ps for ps in [even_set, odd_set]))  # registered already: nothing to do
+    with pytest.raises(ValueError, match="list of mlsl_tf.ProcessSet"):
+        hvd.init(process_sets=5)
+    if N > 2:  # a set that is new: registered from a generator
+        extra = hvd.ProcessSet([0, 1])
+        hvd.init(process_sets=(ps for ps in [even_set, extra]))
+        assert extra.process_set_id == 3 and hvd.remove_process_set(extra)
+
+
+def test_adasum_tape_outside_the_set_keeps_local_gradients():
+    x = tf.constant([float(R + 1), 1.0])
+    with tf.GradientTape() as g:
+        g.watch(x)
+        y = tf.reduce_sum(x * x)
+    tape = hvd.DistributedGradientTape(g, op=hvd.Adasum, process_set=odd_set)  # 1 or 2 ranks at N <= 4
+    dx, = tape.gradient(y, [x])
+    if R not in ODD:
+        np.testing.assert_array_equal(dx.numpy(), 2 * x.numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError, match="not a member") if R not in ODD else _nothing():
+        hvd.allreduce(tf.ones(2), op=hvd.Adasum, process_set=odd_set, name="ps.adasum")
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
 def test_horovod_error_classes():
     with pytest.raises(tf.errors.InvalidArgumentError, match="not a member"):
         hvd.allreduce(tf.ones(4), process_set=other, name="ps.foreign")
@@ -131,6 +163,23 @@ def test_tf_keras_optimizer_outside_the_set_applies_local_gradients(kind):
         opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
     expected = 2 * np.mean(EVEN) if R in EVEN else 2.0 * R
     assert float(v.numpy()[0]) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_tf1_optimizer_local_variables(scale):
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        shared = tf.compat.v1.get_variable(f"shared{scale}", initializer=[0.0])
+        local = tf.compat.v1.get_variable(f"local{scale}", initializer=[0.0])
+        loss = -float(R + 1) * tf.reduce_sum(shared + local)
+        opt = hvd.DistributedOptimizer(tf.compat.v1.train.GradientDescentOptimizer(1.0), scale_local_gradients=scale,
+                                       name=f"ps.tf1.local.{scale}")
+        opt.register_local_var(local)
+        train = opt.minimize(loss, var_list=[shared, local])
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(train)
+        got = [float(x[0]) for x in sess.run([shared, local])]
+    # the shared gradient is averaged; the local one is this rank's, divided by the world size (Horovod)
+    assert got == pytest.approx([np.mean(np.arange(N) + 1), (R + 1.0) / (N if scale else 1)])
 
 
 @pytest.mark.parametrize("passes", [1, 2])

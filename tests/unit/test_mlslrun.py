@@ -638,5 +638,8 @@ def test_blame_names_the_rank_that_shut_down(tmp_path):
     assert launch.shut_down_peer(hit) == 1
     assert launch.blame(hit, d).startswith("rank 1 (host hx) left first: it shut mlsl_tf down")
     assert launch.blame(hit, d).endswith(hit.describe())
+    several = status(0, code=1, t=2.0, failed_at=1.0, caused_by_peer=True,
+                     error="AbortedError: mlsl_tf: ranks 2, 3 shut down, so collectives can no longer complete")
+    assert launch.shut_down_peer(several) == 2
     own = status(0, code=1, t=2.0, failed_at=1.0, error="ValueError: rank 1 shut down the party")
     assert launch.shut_down_peer(own) is None and launch.blame(own, d) == own.describe()
