@@ -55,7 +55,7 @@ def test_wrapped_optimizer_keeps_class_name_and_config(make):
 def test_bad_arguments_name_what_is_wrong():
     with pytest.raises(ValueError, match="backward_passes_per_step"):
         hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), backward_passes_per_step=0)
-    with pytest.raises(ValueError, match="Average or mlsl_tf.Sum"):
+    with pytest.raises(ValueError, match="mlsl_tf.Average, mlsl_tf.Sum or mlsl_tf.Adasum"):
         hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), op=hvd.Max)
     with pytest.raises(ValueError, match="gradient_predivide_factor"):
         hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), op=hvd.Sum, gradient_predivide_factor=2.0)

@@ -3,6 +3,7 @@ fail init() on every rank with an error naming the setting and each rank's value
 check, such a job hung or crashed (malloc(): invalid size) once one rank forgot names."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -16,7 +17,9 @@ import mlsl_tf as hvd
 try:
     hvd.init()
 except RuntimeError as e:
-    print("INIT-ERROR", str(e).replace(chr(10), " "), flush=True)
+    # one write per rank, so the ranks' lines cannot interleave (mpiexec merges their stdout)
+    sys.stdout.write("INIT-ERROR " + str(e).replace(chr(10), " ") + chr(10))
+    sys.stdout.flush()
     sys.exit(3)
 # Without the check: many distinct names make the rank with the small cache forget names.
 for i in range(200):
@@ -33,7 +36,8 @@ def test_cache_capacity_mismatch_is_an_init_error_on_every_rank():
 
     argv = [MPIEXEC, *rank(16), ":", *rank(64)]
     out = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
-    lines = [line for line in out.stdout.splitlines() if line.startswith(("INIT-ERROR", "NO-ERROR"))]
+    # a rank's line may still land inside the other's: split the output at every marker
+    lines = [m.group(0) for m in re.finditer(r"(INIT-ERROR|NO-ERROR)((?!INIT-ERROR|NO-ERROR).)*", out.stdout)]
     assert len(lines) == 2, out.stdout + out.stderr
     for line in lines:
         assert line.startswith("INIT-ERROR"), line
