@@ -115,23 +115,20 @@ def _group_id(process_set):
     return _group_id_of(process_set)
 
 
-def _group_size(process_set):
-    """The number of ranks of `process_set` (a ProcessSet or its id; None: the world), also on a
-    rank outside it."""
-    group_id = _group_id(process_set)
-    if group_id == 0:
-        return size()
+def _registered(process_set):
+    """The registered ProcessSet that `process_set` (a ProcessSet or its id; None: the world) names."""
     from mlsl_tf.groups import process_set_by_id
-    return len(process_set_by_id(group_id).ranks)
+    return process_set_by_id(_group_id(process_set))
+
+
+def _group_size(process_set):
+    """The number of ranks of `process_set`, also on a rank outside it."""
+    return _registered(process_set).size()
 
 
 def process_set_included(process_set):
     """Whether this rank is a member of `process_set` (a ProcessSet or its id; None: the world)."""
-    group_id = _group_id(process_set)
-    if group_id == 0:
-        return True
-    from mlsl_tf.groups import process_set_by_id
-    return rank() in process_set_by_id(group_id).ranks
+    return _registered(process_set).included()
 
 
 def _group_rank_and_size(process_set):

@@ -392,7 +392,8 @@ class MpiCommunicator : public Communicator {
     }
     auto p = std::make_unique<MpiPending>();
     const MPI_Op mpi_op = OpFor(user_, dtype, op, topo_.cross_size > 1);
-    const bool builtin = mpi_op == BuiltinOp(dtype, op);
+    // MPI's own float Sum/Product keep whichever NaN payload its order met first: canonicalize
+    const bool builtin = mpi_op == BuiltinOp(dtype, op) && (dtype == DataType::kFloat32 || dtype == DataType::kFloat64);
     int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), mpi_op, comm_, p->request());
     return ScaledWhenDone(Checked(std::move(p), rc, "MPI_Iallreduce"), buf, count, dtype, scale, builtin);
   }

@@ -214,6 +214,7 @@ void Runtime::Loop() {
   }
   int idle = 0;  // cycles in a row that moved nothing
   while (true) {
+    TimelineChange* timeline_change = nullptr;
     {
       std::unique_lock<std::mutex> lock(mu_);
       if (incoming_.empty() && !stop_requested_ && !timeline_change_) {
@@ -244,8 +245,9 @@ void Runtime::Loop() {
           cv_.wait_for(lock, wait, [this] { return !incoming_.empty() || stop_requested_ || timeline_change_; });
         }
       }
+      timeline_change = timeline_change_;  // read under the lock this cycle takes anyway
     }
-    ServeTimelineChange();
+    if (timeline_change) ServeTimelineChange(timeline_change);
     if (mark_cycles_) timeline_->CycleStart(std::chrono::steady_clock::now());
     bool progress = false;
     if (!Cycle(&progress)) {
@@ -374,7 +376,7 @@ bool Runtime::Cycle(bool* progress) {
   }
   bits[wanted_at] = ~uint64_t(FillEager(&bits, eager_at));
   Communicator* control = control_comm_ ? control_comm_.get() : comm_.get();
-  cycle_started_ = std::chrono::steady_clock::now();
+  if (timeline_->enabled()) cycle_started_ = std::chrono::steady_clock::now();  // for the timeline only
   auto op = control->Control(bits.data(), int64_t(bits.size()));
   Status s = Wait(op.get(), [this] {
     // chunks in flight keep moving while the control message travels

@@ -153,7 +153,7 @@ class Runtime {
     bool done = false;
   };
   void ChangeTimeline(TimelineChange* change);  // framework thread: hands over, waits
-  void ServeTimelineChange();                   // background thread, between cycles
+  void ServeTimelineChange(TimelineChange* change);  // background thread, between cycles
   void ApplyTimelineChange(TimelineChange* change);
   void EndTimeline();                           // the background thread is ending
   // Refuses future submissions with `reason` and fails everything pending with it.

@@ -58,13 +58,7 @@ void Runtime::ChangeTimeline(TimelineChange* change) {
   timeline_cv_.wait(lock, [change] { return change->done; });
 }
 
-void Runtime::ServeTimelineChange() {
-  TimelineChange* change;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    change = timeline_change_;
-  }
-  if (!change) return;
+void Runtime::ServeTimelineChange(TimelineChange* change) {
   ApplyTimelineChange(change);  // the file work outside the lock: submitters never wait for it
   {
     std::lock_guard<std::mutex> lock(mu_);
