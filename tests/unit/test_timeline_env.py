@@ -6,6 +6,7 @@ tests/mpi/test_timeline_api.py)."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -73,7 +74,8 @@ if rank == 0:
     text = open(path).read()
     out["closed"] = text.endswith("]\n") and isinstance(json.loads(text), list)
 out["cwd_files"] = sorted(os.listdir("."))
-print("RESULT", rank, json.dumps(out), flush=True)
+sys.stdout.write("RESULT %d %s\n" % (rank, json.dumps(out)))  # one write: the ranks share mpiexec's stdout
+sys.stdout.flush()
 """
 
 
@@ -86,8 +88,9 @@ def test_environment_variables_and_init_errors(tmp_path):
     r = subprocess.run([MPIEXEC, "-n", "2", sys.executable, "-c", PROGRAM], env=env, cwd=work, capture_output=True,
                        text=True, timeout=240)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    results = {int(line.split()[1]): json.loads(line.split(None, 2)[2])
-               for line in r.stdout.splitlines() if line.startswith("RESULT")}
+    # a rank's line may still land inside the other's: split the output at every marker
+    results = {int(m.group(1)): json.JSONDecoder().raw_decode(m.group(2))[0]
+               for m in re.finditer(r"RESULT (\d+) (\{(?:(?!RESULT ).)*)", r.stdout, re.S)}
     assert sorted(results) == [0, 1], r.stdout[-3000:] + r.stderr[-3000:]
     missing = os.path.join(str(tmp_path), "no", "dir")
     for rank, out in results.items():
