@@ -104,8 +104,9 @@ def relaunch(script, argv, nranks, link=None):
             skip = True
         elif not a.startswith(("--link=", "--np=")):
             passed.append(a)
-    # as users launch: mlslrun (python -m mlsl_tf.runner, the repository's package) over mpiexec
-    cmd = [sys.executable, "-m", "mlsl_tf.runner", "-np", str(nranks), sys.executable,
+    # as users launch: mlslrun (python -m mlsl_tf.runner, the repository's package) over mpiexec;
+    # untagged, so the benchmark's JSON lines stay JSON lines
+    cmd = [sys.executable, "-m", "mlsl_tf.runner", "-np", str(nranks), "--no-tag-output", sys.executable,
            os.path.abspath(script)] + passed
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, env.get("PYTHONPATH")) if p)
