@@ -203,11 +203,28 @@ class SshCluster:
         try:
             out, err = proc.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            out, err = proc.communicate()
+            out, err = self._stop(proc)
             raise AssertionError(f"{shlex.join(argv)} on {host_name(host)} still ran after {timeout} s:\n"
                                  f"{out[-3000:]}\n{err[-3000:]}") from None
+        except BaseException:  # interrupted (SIGTERM, Ctrl-C): stop it, so it cleans up after itself
+            self._stop(proc)
+            raise
         return proc.returncode, out, err, time.monotonic() - start
+
+    @staticmethod
+    def _stop(proc, grace_s=15):
+        """SIGTERM to the process group (mlslrun then stops its job and removes its files), SIGKILL
+        after ``grace_s``; the output it had written."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                return proc.communicate(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                continue
+        return proc.communicate()
 
     def rx_bytes(self, i):
         """Bytes host ``i`` has received on its eth0."""
