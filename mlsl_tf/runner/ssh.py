@@ -1,4 +1,6 @@
-"""ssh to the hosts: the options mlslrun gives ssh (--ssh-port, --ssh-identity-file), each launcher's form of them, and the pre-flight check's command and per-host verdict.
+"""mlslrun's ssh options (--ssh-port, --ssh-identity-file) in each launcher's form, and the ssh check's texts.
+
+The pre-flight check's command and its verdict on each host are here too.
 
 Pure functions of their arguments: no subprocess, no file access, no ``os.environ``
 (ssh_check.py runs the check and writes the launcher's ssh wrapper).

@@ -1,4 +1,4 @@
-"""The ssh I/O before a multi-host launch: which hosts are remote, the pre-flight check of each, and the launcher's ssh wrapper file.
+"""The ssh I/O before a multi-host launch: which hosts are remote, their ssh check, the ssh wrapper file.
 
 The pre-flight check, as horovodrun does: before anything starts, ssh to every remote host
 without prompting (BatchMode, ConnectTimeout) and test there that the ranks' interpreter

@@ -1,4 +1,4 @@
-"""An emulated cluster for the ssh launch tests: hosts h0, h1, ... that each run an sshd, reached by name, as on a cluster with a shared file system.
+"""An emulated cluster for the ssh tests: hosts h0, h1, ... each running an sshd, on a shared file system.
 
 Each host is a network namespace of benchmarks/hosts.py (its own eth0 on a bridge, address
 10.77.0.(i+1)) plus, for everything started in it, a host name of its own (a UTS namespace),

@@ -1,4 +1,8 @@
-"""tests/ssh: the repository first on sys.path, and SIGTERM (the make target's timeout) turned into an interrupt, so pytest's teardown still removes the emulated hosts."""
+"""tests/ssh: the repository on sys.path; SIGTERM becomes an interrupt, so teardown still removes the hosts.
+
+The make target's `timeout` sends SIGTERM: pytest's teardown then stops the emulated hosts' processes and
+deletes their namespaces, files and keys.
+"""
 
 import os
 import signal

@@ -1,4 +1,8 @@
-"""mlslrun launching through ssh as on a cluster (make test-ssh; root, not part of make test): on emulated hosts that each run an sshd (cluster.py), mlslrun started on h0 trains the digits example on h0 and h1, reaching h1 through ssh; an unreachable host, a key no host accepts and a host without the interpreter each stop it before any rank starts, with a message naming the host.
+"""mlslrun launching through ssh as on a cluster (make test-ssh; root only; not part of make test).
+
+On emulated hosts that each run an sshd (cluster.py), mlslrun started on h0 trains the digits
+example on h0 and h1, reaching h1 through ssh; an unreachable host, a key no host accepts and a
+host without the interpreter each stop it before any rank starts, with a message naming the host.
 
 Where the cluster cannot be built (not root, no network namespaces, no sshd) the tests fail
 with the reason; they never skip.

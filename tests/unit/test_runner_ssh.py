@@ -1,4 +1,7 @@
-"""mlslrun's ssh: --ssh-port/--ssh-identity-file on the command line and in each MPI's argv, the launcher's ssh wrapper, and the pre-flight check's commands and messages (a stand-in ssh on PATH; no sshd, no root)."""
+"""mlslrun's ssh flags, each MPI's argv for them, the ssh wrapper and the ssh check (a stand-in ssh; no root).
+
+The check runs against a stand-in `ssh` placed first on PATH: no sshd, no network, no root.
+"""
 
 import os
 import shlex
