@@ -58,6 +58,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the frameworks, controllers and tensor ops available")
     p.add_argument("--mpi-args", dest="mpi_args", metavar='"ARGS"',
                    help="extra arguments (shell-quoted) appended to the mpiexec/srun command")
+    ssh = p.add_argument_group("ssh to the hosts of -H / --hostfile")
+    ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
+                     help="the port of the ssh server on every host (default: ssh's, 22)")
+    ssh.add_argument("-i", "--ssh-identity-file", dest="ssh_identity_file", metavar="FILE",
+                     help="the private key ssh logs in with (default: ssh's own choice)")
+    ssh.add_argument("--ssh-check", dest="ssh_check", action=argparse.BooleanOptionalAction,
+                     default=True, help="before launching, ssh to every remote host without "
+                     "prompting and check the ranks' interpreter is there; stop with the "
+                     "failing hosts and why (default: on)")
     for flag in ENV_FLAGS:
         p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help)
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -72,7 +81,8 @@ def _flag_dest(flag: EnvFlag) -> str:
 # Options that take a value (the next word unless written --opt=value).
 _VALUE_OPTIONS = frozenset({"-np", "--num-proc", "-H", "--hosts", "--hostfile", "-x",
                             "--output-filename", "--start-timeout", "--launcher",
-                            "--mpi-args"} | {f.option for f in ENV_FLAGS})
+                            "--mpi-args", "-p", "--ssh-port", "-i", "--ssh-identity-file"}
+                           | {f.option for f in ENV_FLAGS})
 
 
 def _join_option_values(argv: Sequence[str], options: Iterable[str]) -> list[str]:
@@ -122,6 +132,9 @@ def parse_args(argv: Sequence[str]) -> RunConfig:
         mpi_args=tuple(_split_mpi_args(ns.mpi_args)),
         flag_env=tuple(_flag_env(ns)),
         tag_output=ns.tag_output,
+        ssh_port=ns.ssh_port,
+        ssh_identity_file=ns.ssh_identity_file,
+        ssh_check=ns.ssh_check,
     )
     _validate(cfg)
     return cfg
@@ -165,3 +178,7 @@ def _validate(cfg: RunConfig) -> None:
         raise UsageError("--output-filename needs a directory name")
     if cfg.hosts is not None:
         check_slots(cfg.num_proc, cfg.hosts, "-H")
+    if cfg.ssh_port is not None and not 1 <= cfg.ssh_port <= 65535:
+        raise UsageError(f"--ssh-port must be a TCP port, 1 to 65535, got {cfg.ssh_port}")
+    if cfg.ssh_identity_file is not None and not cfg.ssh_identity_file:
+        raise UsageError("--ssh-identity-file needs a file name")

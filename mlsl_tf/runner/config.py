@@ -38,6 +38,8 @@ class RunConfig:
     ``--hostfile`` (read by launch.py, parsed by hosts.parse_hostfile).
     ``flag_env`` holds (VAR, value) pairs produced by rank_env.ENV_FLAGS entries.
     ``tag_output``: prefix each line of a rank's output with ``[R]<stdout>:`` / ``[R]<stderr>:``.
+    ``ssh_port`` / ``ssh_identity_file``: how ssh reaches the hosts (None: ssh's defaults);
+    ``ssh_check``: check every remote host through ssh before launching (ssh_check.py).
     """
 
     num_proc: Optional[int]
@@ -54,3 +56,6 @@ class RunConfig:
     mpi_args: tuple[str, ...] = ()
     flag_env: tuple[tuple[str, str], ...] = ()
     tag_output: bool = True
+    ssh_port: Optional[int] = None
+    ssh_identity_file: Optional[str] = None
+    ssh_check: bool = True

@@ -39,12 +39,13 @@ import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
-from mlsl_tf.runner import task
+from mlsl_tf.runner import ssh_check, task
 from mlsl_tf.runner.argv import build_parser, parse_args
 from mlsl_tf.runner.config import HostSlots, RunConfig, UsageError
 from mlsl_tf.runner.hosts import parse_hostfile
 from mlsl_tf.runner.launchers import (Flavour, build_launch_argv, choose_launcher, detect_flavour,
-                                      make_plan, program_name, rank_command)
+                                      make_plan, needs_ssh_exec, program_name, rank_command,
+                                      ssh_options)
 from mlsl_tf.runner.rank_env import format_seconds, missing_env
 
 POLL_S = 0.1
@@ -416,13 +417,20 @@ def _launcher(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[Flavour, str]
 
 def plan_argv(cfg: RunConfig, environ: Mapping[str, str],
               status_dir: str) -> tuple[Flavour, list[str]]:
-    """Everything before the launch: hosts, launcher, argv.  Raises UsageError
-    for bad input, RuntimeError when no launcher is usable."""
+    """Everything before the launch: hosts, launcher, argv, and the ssh check of the remote
+    hosts.  Raises UsageError for bad input, RuntimeError when no launcher is usable or
+    some host fails the ssh check (the message lists each one and why)."""
     hosts = _read_hosts(cfg)
     flavour, program = _launcher(cfg, environ)
     rank_cmd = rank_command(sys.executable, TASK_PY, cfg, status_dir)
-    plan = make_plan(cfg, program, hosts, environ, rank_cmd)
-    return flavour, build_launch_argv(flavour, plan)
+    ssh = ssh_options(cfg)
+    ssh_check.check_identity_file(ssh)
+    ssh_exec = ssh_check.write_launcher_exec(status_dir, ssh) if needs_ssh_exec(flavour, cfg) else None
+    plan = make_plan(cfg, program, hosts, environ, rank_cmd, ssh_exec)
+    argv = build_launch_argv(flavour, plan)
+    if plan.hosts is not None and flavour != "slurm" and cfg.ssh_check:
+        ssh_check.preflight([h.host for h in plan.hosts], ssh, sys.executable, TASK_PY)
+    return flavour, argv
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

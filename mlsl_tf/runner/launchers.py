@@ -12,6 +12,7 @@ from typing import Callable, Literal, Mapping, Optional, Sequence
 from mlsl_tf.runner.config import HostSlots, LauncherChoice, RunConfig, UsageError
 from mlsl_tf.runner.hosts import allocate, check_slots, format_hosts
 from mlsl_tf.runner.rank_env import resolve_env
+from mlsl_tf.runner.ssh import SshOptions, rsh_args_text
 
 # MPI flavours mlslrun can drive; "slurm" means srun, whatever MPI is inside.
 Flavour = Literal["mpich", "openmpi", "intel", "slurm"]
@@ -24,6 +25,8 @@ class LaunchPlan:
     ``hosts`` is an exact allocation (sum of slots == num_proc) or None for
     "let the launcher decide" (local run or the SLURM allocation).
     ``rank_command`` is what every rank runs (task.py wrapping the user command).
+    ``ssh``: how the launcher's ssh reaches the hosts; ``ssh_exec``: the ssh wrapper
+    (ssh.launcher_exec_script) for launchers that take an executable, not ssh options.
     """
 
     program: str
@@ -32,6 +35,8 @@ class LaunchPlan:
     env: tuple[tuple[str, str], ...]
     mpi_args: tuple[str, ...]
     rank_command: tuple[str, ...]
+    ssh: SshOptions = SshOptions()
+    ssh_exec: Optional[str] = None
 
 
 # ---------------------------------------------------------------------------
@@ -91,11 +96,23 @@ def rank_command(python: str, task_py: str, cfg: RunConfig,
     return (python, task_py, *opts, "--", *cfg.command)
 
 
+def ssh_options(cfg: RunConfig) -> SshOptions:
+    """--ssh-port and --ssh-identity-file."""
+    return SshOptions(port=cfg.ssh_port, identity_file=cfg.ssh_identity_file)
+
+
+def needs_ssh_exec(flavour: Flavour, cfg: RunConfig) -> bool:
+    """Whether the launcher takes the ssh options only as an ssh wrapper (MPICH's hydra)."""
+    return flavour == "mpich" and ssh_options(cfg).given
+
+
 def make_plan(cfg: RunConfig, program: str, hosts: Optional[Sequence[HostSlots]],
-              environ: Mapping[str, str], rank_cmd: Sequence[str]) -> LaunchPlan:
+              environ: Mapping[str, str], rank_cmd: Sequence[str],
+              ssh_exec: Optional[str] = None) -> LaunchPlan:
     """Combine a validated config, resolved hosts and environment into a LaunchPlan.
 
     ``hosts`` (from -H or the hostfile) is checked against -np and allocated.
+    ``ssh_exec``: the ssh wrapper's path, where needs_ssh_exec.
     """
     assert cfg.num_proc is not None
     alloc = None
@@ -104,11 +121,35 @@ def make_plan(cfg: RunConfig, program: str, hosts: Optional[Sequence[HostSlots]]
         alloc = allocate(cfg.num_proc, hosts)
     return LaunchPlan(program=program, num_proc=cfg.num_proc, hosts=alloc,
                       env=resolve_env(cfg, environ), mpi_args=cfg.mpi_args,
-                      rank_command=tuple(rank_cmd))
+                      rank_command=tuple(rank_cmd), ssh=ssh_options(cfg), ssh_exec=ssh_exec)
 
 
 # ---------------------------------------------------------------------------
 # One argv builder per flavour.
+
+
+def _hydra_ssh_args(plan: LaunchPlan) -> list[str]:
+    """MPICH hydra runs ``ssh`` unless told another executable: the wrapper with the options."""
+    if not plan.ssh.given:
+        return []
+    if plan.ssh_exec is None:
+        raise ValueError("--ssh-port/--ssh-identity-file with MPICH need the ssh wrapper (ssh_exec)")
+    return ["-launcher", "ssh", "-launcher-exec", plan.ssh_exec]
+
+
+def _openmpi_ssh_args(plan: LaunchPlan) -> list[str]:
+    """Open MPI appends plm_rsh_args to its ssh command line."""
+    if not plan.ssh.given:
+        return []
+    return ["--mca", "plm_rsh_args", rsh_args_text(plan.ssh, "Open MPI's plm_rsh_args")]
+
+
+def _intel_ssh_args(plan: LaunchPlan) -> list[str]:
+    """Intel MPI's hydra takes ssh's arguments itself (-bootstrap-exec-args)."""
+    if not plan.ssh.given:
+        return []
+    return ["-bootstrap", "ssh", "-bootstrap-exec-args",
+            rsh_args_text(plan.ssh, "Intel MPI's -bootstrap-exec-args")]
 
 
 def build_mpich_argv(plan: LaunchPlan) -> list[str]:
@@ -120,6 +161,7 @@ def build_mpich_argv(plan: LaunchPlan) -> list[str]:
     argv = [plan.program]
     if plan.hosts is not None:
         argv += ["-hosts", format_hosts(plan.hosts)]
+    argv += _hydra_ssh_args(plan)
     for name, value in plan.env:
         argv += ["-genv", name, value]
     return argv + [*plan.mpi_args, "-n", str(plan.num_proc), *plan.rank_command]
@@ -136,6 +178,7 @@ def build_openmpi_argv(plan: LaunchPlan) -> list[str]:
     if plan.hosts is not None:
         argv += ["-H", format_hosts(plan.hosts)]
     argv += ["--bind-to", "none", "--map-by", "slot"]
+    argv += _openmpi_ssh_args(plan)
     for name, value in plan.env:
         argv += ["-x", f"{name}={value}"]
     return argv + [*plan.mpi_args, *plan.rank_command]
@@ -147,7 +190,7 @@ def build_intel_argv(plan: LaunchPlan) -> list[str]:
     Intel's -hosts takes no per-host counts, so equal counts use -ppn and
     unequal ones become an MPMD line ``-n a -host h1 cmd : -n b -host h2 cmd``.
     """
-    argv = [plan.program]
+    argv = [plan.program, *_intel_ssh_args(plan)]
     for name, value in plan.env:
         argv += ["-genv", name, value]
     argv += list(plan.mpi_args)
@@ -170,6 +213,9 @@ def build_srun_argv(plan: LaunchPlan) -> list[str]:
     Hosts need the same rank count on each (srun's --ntasks-per-node);
     a value containing ',' cannot go through --export and is a UsageError.
     """
+    if plan.ssh.given:
+        raise UsageError("--ssh-port/--ssh-identity-file: srun starts the ranks without ssh; "
+                         "drop them, or use --launcher mpi")
     argv = [plan.program, f"--ntasks={plan.num_proc}", "--kill-on-bad-exit=1"]
     if plan.hosts is not None:
         counts = {h.slots for h in plan.hosts}
