@@ -34,8 +34,10 @@ accuracy per epoch, one panel per rank count.
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -159,12 +161,23 @@ def job_argv(ns, np_, overlap):
 def run_job(argv, env, timeout, emit):
     """Runs one job, passing each of its result lines to emit(row) as it comes; returns an error
     string or None."""
-    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    import threading
+    # Its own process group: a timeout or an interrupt stops mlslrun, mpiexec and every rank.
+    proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+    timed_out = []
+
+    def kill():
+        timed_out.append(True)
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
     err = []
     reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
     reader.start()
-    timer = threading.Timer(timeout, proc.kill)
+    timer = threading.Timer(timeout, kill)  # only the timer's call leaves timed_out set
     timer.start()
     out = []
     try:
@@ -174,12 +187,18 @@ def run_job(argv, env, timeout, emit):
             else:
                 out.append(line)
         rc = proc.wait()
+    except BaseException:
+        kill()
+        timed_out.clear()
+        raise
     finally:
         timer.cancel()
         reader.join(5)
+    if timed_out:
+        return f"timed out after {timeout} s (--timeout)"
     if rc != 0:
         tail = [ln.strip() for ln in err + out if ln.strip()][-4:]
-        return f"exit {rc}" + (" (timed out)" if rc < 0 else "") + ": " + " | ".join(tail)
+        return f"exit {rc}: " + " | ".join(tail)
     return None
 
 

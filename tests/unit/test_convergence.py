@@ -7,6 +7,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -79,3 +80,15 @@ def test_plot_draws_every_run(tmp_path):
     path = tmp_path / "c.png"
     convergence.plot(rows, str(path))
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_run_job_passes_result_lines_and_stops_a_job_past_its_timeout():
+    got = []
+    script = 'import json; print("noise"); print(json.dumps({"conv": {"epoch": 1}}), flush=True)'
+    assert convergence.run_job([sys.executable, "-c", script], dict(os.environ), 60, got.append) is None
+    assert got == [{"epoch": 1}]
+    script = 'import sys, time; print("bad input", file=sys.stderr); sys.exit(3)'
+    assert convergence.run_job([sys.executable, "-c", script], dict(os.environ), 60, got.append) == "exit 3: bad input"
+    start = time.monotonic()
+    error = convergence.run_job([sys.executable, "-c", "import time; time.sleep(60)"], dict(os.environ), 1, got.append)
+    assert error == "timed out after 1 s (--timeout)" and time.monotonic() - start < 30
