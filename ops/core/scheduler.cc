@@ -93,11 +93,17 @@ void Scheduler::Insert(std::unique_ptr<Work> w) {
 }
 
 void Scheduler::Fuse(Work* head) {
-  if (options_.fusion_threshold <= 0 || !head->chunked || head->bytes() > options_.fusion_threshold) return;
+  // Error feedback is never fused: the rank that reduces an element keeps its output residual,
+  // and in a fused buffer which rank that is depends on what else was ready at the time. A
+  // tensor alone is sliced the same way every step, so its residuals return to the same rank.
+  if (options_.fusion_threshold <= 0 || !head->chunked || head->bytes() > options_.fusion_threshold ||
+      head->meta.error_feedback)
+    return;
   int64_t bytes = head->bytes();
   for (auto it = queue_.begin() + 1; it != queue_.end();) {
     Work* w = it->get();
-    if (w->prepared || !SameKind(head->meta, w->meta) || bytes + w->bytes() > options_.fusion_threshold) {
+    if (w->prepared || !SameKind(head->meta, w->meta) || w->meta.error_feedback ||
+        bytes + w->bytes() > options_.fusion_threshold) {
       if (options_.fifo) break;  // first come, first served: nothing jumps over a tensor it cannot join
       ++it;
       continue;

@@ -296,3 +296,43 @@ TEST(scheduler_paces_only_across_hosts) {
   CHECK(OneAllreduce(&across, 16 << 20).longest_sleep_us > 0);
   CHECK_EQ(OneAllreduce(&one, 16 << 20, true).longest_sleep_us, 0);
 }
+
+// Small allreduces queued together are fused, except those with error feedback: their output
+// residuals stay with the rank that reduced each element, which must not depend on what else
+// happened to be ready in the same step.
+static int64_t FusedBuffers(bool error_feedback) {
+  SimNetwork net(Fabric(8));
+  SimCommunicator comm(&net);
+  Executor executor(&comm);
+  Timeline timeline("", 0);
+  Stats stats;
+  SchedulerOptions o{1 << 20, 1, 1 << 20, false, &net};
+  Scheduler sched(&comm, &executor, &timeline, &stats, o);
+  std::vector<std::vector<float>> data(3, std::vector<float>(256, 1.0f));
+  std::vector<Request> requests(3);
+  int finished = 0;
+  for (int i = 0; i < 3; ++i) {
+    Request& r = requests[i];
+    r.name = "g" + std::to_string(i);
+    r.inputs = {TensorInput{data[i].data(), {int64_t(data[i].size())}}};
+    r.allocate_output = [&data, i](int, const Shape&, void** out) { *out = data[i].data(); return Status::Ok(); };
+    RequestMeta meta = RequestMeta::From(r);
+    meta.error_feedback = error_feedback;
+    sched.Add(i, meta, &r, [&](const Status& s) { CHECK(s.ok()); ++finished; }, net.Now());
+  }
+  while (finished < 3) {
+    sched.StartUpTo(sched.completed_prefix() + 1, {false});
+    if (finished == 3) break;
+    net.AdvanceTo(net.NextEvent());
+    sched.Progress();
+  }
+  const std::string json = stats.Json();
+  const size_t at = json.find("\"fused_buffers\": ");
+  CHECK(at != std::string::npos);
+  return std::atoll(json.c_str() + at + 17);
+}
+
+TEST(error_feedback_allreduces_are_never_fused) {
+  CHECK_EQ(FusedBuffers(false), 1);
+  CHECK_EQ(FusedBuffers(true), 0);
+}
