@@ -14,14 +14,20 @@
 
 VENV      ?= .venv
 PYTHON    ?= $(VENV)/bin/python
-# MPI: the mpicxx next to the interpreter (PyPI's mpich wheel) or any mpicxx on PATH.
-MPICXX    ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpicxx ]; then echo $$d/mpicxx; else echo mpicxx; fi)
 MPIEXEC   ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpiexec ]; then echo $$d/mpiexec; else echo mpiexec; fi)
 CXXSTD    := -std=c++17 -O2 -g -fPIC -pthread -Wall -Wno-deprecated-declarations -Wno-interference-size -Wno-unused-parameter -Wno-sign-compare
-# pip's isolated build environments hide site-packages: ask the interpreter with a clean env.
+# MPI and TensorFlow of the target interpreter, found by buildtools/toolchain.py (how, and why
+# with a clean environment: its docstring). MPICXX=... overrides the MPI search. TensorFlow's
+# flags are cached in build/tf_flags.json (importing TensorFlow takes seconds), so a `make lib`
+# with nothing to do takes well under a second. Each is computed once per make, when first used.
 TF_PY      = env -u PYTHONPATH -u PYTHONNOUSERSITE -u PYTHONHOME $(PYTHON)
-TF_CFLAGS  = $(shell $(TF_PY) -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))' 2>/dev/null)
-TF_LFLAGS  = $(shell $(TF_PY) -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))' 2>/dev/null)
+TOOLCHAIN_PY = $(TF_PY) buildtools/toolchain.py
+MPICXX    ?= $(eval MPICXX := $$(shell $$(TOOLCHAIN_PY) mpicxx))$(MPICXX)
+TF_CFLAGS  = $(eval TF_CFLAGS := $$(shell $$(TOOLCHAIN_PY) cflags build/tf_flags.json))$(TF_CFLAGS)
+TF_LFLAGS  = $(eval TF_LFLAGS := $$(shell $$(TOOLCHAIN_PY) lflags build/tf_flags.json))$(TF_LFLAGS)
+# Compilation runs on every core unless the caller passed -j (`lib` and `sim` re-invoke make).
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+PARALLEL   = case " $$MAKEFLAGS" in *" -j"*) ;; *) echo -j$(NPROC) ;; esac
 
 CORE_SRC  := $(filter-out ops/core/mpi_communicator.cc ops/core/c_api.cc,$(wildcard ops/core/*.cc))
 MPI_SRC   := ops/core/mpi_communicator.cc ops/core/c_api.cc
@@ -57,6 +63,8 @@ TOOLCHAIN := build/toolchain.txt
 
 $(TOOLCHAIN): FORCE
 	@mkdir -p build
+	@test -n "$(MPICXX)" || (echo "no MPI C++ compiler (see the message above)"; exit 1)
+	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow's flags are unknown (see the message above)"; exit 1)
 	@printf '%s\n' '$(MPICXX)' '$(TF_CFLAGS)' '$(TF_LFLAGS)' > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; echo "toolchain changed: rebuilding the ops"; fi
 
@@ -71,13 +79,13 @@ build/obj/core/%.o: ops/core/%.cc $(HEADERS) $(TOOLCHAIN)
 
 build/obj/tf/%.o: ops/tf/%.cc $(HEADERS) $(TOOLCHAIN)
 	@mkdir -p $(dir $@)
-	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow is not importable by $(PYTHON)"; exit 1)
 	$(MPICXX) $(CXXSTD) $(TF_CFLAGS) -Iops -c $< -o $@
 
 $(LIB): $(OBJ)
 	$(MPICXX) $(CXXSTD) -shared $(OBJ) -o $@ $(TF_LFLAGS)
 
-lib: $(LIB)
+lib:
+	@$(MAKE) --no-print-directory $$($(PARALLEL)) $(LIB)
 
 build/core_tests: $(CORE_SRC) $(TEST_SRC) $(HEADERS)
 	@mkdir -p build
@@ -97,7 +105,8 @@ build/simobj/%.o: ops/%.cc $(HEADERS) $(wildcard ops/core/sim/*.h)
 build/mlsl_sim: $(SIM_OBJ)
 	$(CXX) $(CXXSTD) $(SIM_OBJ) -o $@
 
-sim: build/mlsl_sim
+sim:
+	@$(MAKE) --no-print-directory $$($(PARALLEL)) build/mlsl_sim
 
 # One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout).
 test-unit: venv lib sim
