@@ -3,6 +3,7 @@
 #
 #   make venv        create .venv with TensorFlow, MPICH, mpi4py, ... (requirements.txt)
 #   make lib         compile ops/ into mlsl_tf/_mlsl_tf.so against the installed TF and MPI
+#                    (on every core unless -j is given; `pip install .` runs it: docs/install.md)
 #   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
 #   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks)
 #   make example     train the digits CNN on 2 ranks
