@@ -25,7 +25,7 @@ TF_PY      = env -u PYTHONPATH -u PYTHONNOUSERSITE -u PYTHONHOME $(PYTHON)
 TOOLCHAIN_PY = $(TF_PY) buildtools/toolchain.py
 MPICXX    ?= $(eval MPICXX := $$(shell $$(TOOLCHAIN_PY) mpicxx))$(MPICXX)
 TF_CFLAGS  = $(eval TF_CFLAGS := $$(shell $$(TOOLCHAIN_PY) cflags build/tf_flags.json))$(TF_CFLAGS)
-TF_LFLAGS  = $(eval TF_LFLAGS := $$(shell $$(TOOLCHAIN_PY) lflags build/tf_flags.json))$(TF_LFLAGS)
+TF_LFLAGS  = $(eval TF_LFLAGS := $$(if $$(TF_CFLAGS),$$(shell $$(TOOLCHAIN_PY) lflags build/tf_flags.json)))$(TF_LFLAGS)
 # Compilation runs on every core unless the caller passed -j (`lib` and `sim` re-invoke make).
 NPROC     := $(shell nproc 2>/dev/null || echo 2)
 PARALLEL   = case " $$MAKEFLAGS" in *" -j"*) ;; *) echo -j$(NPROC) ;; esac
@@ -37,7 +37,8 @@ TEST_SRC  := $(wildcard ops/core/tests/*.cc)
 HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
 LIB       := mlsl_tf/_mlsl_tf.so
 TIMEOUT   ?= 600
-# The single-process suite is ~40 files in one pytest run (each test also under pytest-timeout's 300 s).
+# The single-process suite is ~40 files in one pytest run (each test also under pytest-timeout's 300 s);
+# its pip-install test reuses the objects `lib` built (it links, it does not recompile).
 UNIT_TIMEOUT ?= 1500
 
 .PHONY: venv lib core-tests sim test test-unit test-mpi stress horovod-suite example clean FORCE
@@ -109,9 +110,10 @@ build/mlsl_sim: $(SIM_OBJ)
 sim:
 	@$(MAKE) --no-print-directory $$($(PARALLEL)) build/mlsl_sim
 
-# One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout).
+# One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout). The ten
+# slowest tests are listed at the end.
 test-unit: venv lib sim
-	timeout $(UNIT_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 tests/unit
+	timeout $(UNIT_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 --durations=10 tests/unit
 
 # Each multi-rank file runs under its own timeout: a hang is a failure. Every file runs on 2
 # and 3 ranks; the files in MPI4_TESTS (groups need 4 ranks for a 2x2 grid; bf16 error vs
