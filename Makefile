@@ -3,6 +3,7 @@
 #
 #   make venv        create .venv with TensorFlow, MPICH, mpi4py, ... (requirements.txt)
 #   make lib         compile ops/ into mlsl_tf/_mlsl_tf.so against the installed TF and MPI
+#                    (on every core unless -j is given; `pip install .` runs it: docs/install.md)
 #   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
 #   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks)
 #   make example     train the digits CNN on 2 ranks
@@ -14,14 +15,20 @@
 
 VENV      ?= .venv
 PYTHON    ?= $(VENV)/bin/python
-# MPI: the mpicxx next to the interpreter (PyPI's mpich wheel) or any mpicxx on PATH.
-MPICXX    ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpicxx ]; then echo $$d/mpicxx; else echo mpicxx; fi)
 MPIEXEC   ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpiexec ]; then echo $$d/mpiexec; else echo mpiexec; fi)
 CXXSTD    := -std=c++17 -O2 -g -fPIC -pthread -Wall -Wno-deprecated-declarations -Wno-interference-size -Wno-unused-parameter -Wno-sign-compare
-# pip's isolated build environments hide site-packages: ask the interpreter with a clean env.
+# MPI and TensorFlow of the target interpreter, found by buildtools/toolchain.py (how, and why
+# with a clean environment: its docstring). MPICXX=... overrides the MPI search. TensorFlow's
+# flags are cached in build/tf_flags.json (importing TensorFlow takes seconds), so a `make lib`
+# with nothing to do takes well under a second. Each is computed once per make, when first used.
 TF_PY      = env -u PYTHONPATH -u PYTHONNOUSERSITE -u PYTHONHOME $(PYTHON)
-TF_CFLAGS  = $(shell $(TF_PY) -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_compile_flags()))' 2>/dev/null)
-TF_LFLAGS  = $(shell $(TF_PY) -c 'import tensorflow as tf; print(" ".join(tf.sysconfig.get_link_flags()))' 2>/dev/null)
+TOOLCHAIN_PY = $(TF_PY) buildtools/toolchain.py
+MPICXX    ?= $(eval MPICXX := $$(shell $$(TOOLCHAIN_PY) mpicxx))$(MPICXX)
+TF_CFLAGS  = $(eval TF_CFLAGS := $$(shell $$(TOOLCHAIN_PY) cflags build/tf_flags.json))$(TF_CFLAGS)
+TF_LFLAGS  = $(eval TF_LFLAGS := $$(if $$(TF_CFLAGS),$$(shell $$(TOOLCHAIN_PY) lflags build/tf_flags.json)))$(TF_LFLAGS)
+# Compilation runs on every core unless the caller passed -j (`lib` and `sim` re-invoke make).
+NPROC     := $(shell nproc 2>/dev/null || echo 2)
+PARALLEL   = case " $$MAKEFLAGS" in *" -j"*) ;; *) echo -j$(NPROC) ;; esac
 
 CORE_SRC  := $(filter-out ops/core/mpi_communicator.cc ops/core/c_api.cc,$(wildcard ops/core/*.cc))
 MPI_SRC   := ops/core/mpi_communicator.cc ops/core/c_api.cc
@@ -30,7 +37,8 @@ TEST_SRC  := $(wildcard ops/core/tests/*.cc)
 HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)
 LIB       := mlsl_tf/_mlsl_tf.so
 TIMEOUT   ?= 600
-# The single-process suite is ~40 files in one pytest run (each test also under pytest-timeout's 300 s).
+# The single-process suite is ~40 files in one pytest run (each test also under pytest-timeout's 300 s);
+# its pip-install test reuses the objects `lib` built (it links, it does not recompile).
 UNIT_TIMEOUT ?= 1500
 
 .PHONY: venv lib core-tests sim test test-unit test-mpi stress horovod-suite example clean FORCE
@@ -58,6 +66,8 @@ TOOLCHAIN := build/toolchain.txt
 
 $(TOOLCHAIN): FORCE
 	@mkdir -p build
+	@test -n "$(MPICXX)" || (echo "no MPI C++ compiler (see the message above)"; exit 1)
+	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow's flags are unknown (see the message above)"; exit 1)
 	@printf '%s\n' '$(MPICXX)' '$(TF_CFLAGS)' '$(TF_LFLAGS)' > $@.new
 	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; echo "toolchain changed: rebuilding the ops"; fi
 
@@ -72,13 +82,13 @@ build/obj/core/%.o: ops/core/%.cc $(HEADERS) $(TOOLCHAIN)
 
 build/obj/tf/%.o: ops/tf/%.cc $(HEADERS) $(TOOLCHAIN)
 	@mkdir -p $(dir $@)
-	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow is not importable by $(PYTHON)"; exit 1)
 	$(MPICXX) $(CXXSTD) $(TF_CFLAGS) -Iops -c $< -o $@
 
 $(LIB): $(OBJ)
 	$(MPICXX) $(CXXSTD) -shared $(OBJ) -o $@ $(TF_LFLAGS)
 
-lib: $(LIB)
+lib:
+	@$(MAKE) --no-print-directory $$($(PARALLEL)) $(LIB)
 
 build/core_tests: $(CORE_SRC) $(TEST_SRC) $(HEADERS)
 	@mkdir -p build
@@ -98,11 +108,13 @@ build/simobj/%.o: ops/%.cc $(HEADERS) $(wildcard ops/core/sim/*.h)
 build/mlsl_sim: $(SIM_OBJ)
 	$(CXX) $(CXXSTD) $(SIM_OBJ) -o $@
 
-sim: build/mlsl_sim
+sim:
+	@$(MAKE) --no-print-directory $$($(PARALLEL)) build/mlsl_sim
 
-# One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout).
+# One process; a hang fails the test that hangs (pytest-timeout) and the run (timeout). The ten
+# slowest tests are listed at the end.
 test-unit: venv lib sim
-	timeout $(UNIT_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 tests/unit
+	timeout $(UNIT_TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 300 --durations=10 tests/unit
 
 # Each multi-rank file runs under its own timeout: a hang is a failure. Every file runs on 2
 # and 3 ranks; the files in MPI4_TESTS (groups need 4 ranks for a 2x2 grid; bf16 error vs

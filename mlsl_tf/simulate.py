@@ -1,6 +1,6 @@
-"""Predicts data-parallel training at 8-1024 nodes: runs build/mlsl_sim (the real C++ scheduler on a
-virtual clock over an alpha-beta model of MPICH's collectives) per node count and policy, prints
-JSON lines and draws efficiency vs nodes.
+"""Predicts data-parallel training at 8-1024 nodes: runs mlsl_sim (the real C++ scheduler on a
+virtual clock over an alpha-beta model of MPICH's collectives; built by `make sim`, shipped in
+the installed package) per node count and policy, prints JSON lines, draws efficiency vs nodes.
 
     python -m mlsl_tf.simulate --model resnet50 --nodes 8,64,256,1024 --link 100gbit --latency 1us \\
         --batch 64 --images-per-s 100 --png sim.png
@@ -65,11 +65,28 @@ def parse_seconds(text):
     return float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1, None: 1}[m.group(2)]
 
 
+def known_models():
+    return sorted(p.stem for p in MODELS.glob("*.json"))
+
+
 def load_table(model):
+    """A model table: a JSON path, or the name of one in mlsl_tf/sim_models. ValueError naming
+    the problem (unknown name, unreadable or malformed file)."""
     path = pathlib.Path(model)
-    if not path.exists():
+    if not (path.suffix == ".json" or os.sep in str(model)) and not path.exists():
         path = MODELS / f"{model}.json"
-    return json.loads(path.read_text())
+        if not path.exists():
+            raise ValueError(f"unknown model {model!r}: known models are {', '.join(known_models())}, "
+                             "or give the path of a JSON table")
+    try:
+        table = json.loads(path.read_text())
+    except OSError as e:
+        raise ValueError(f"cannot read the model table {path}: {e.strerror}") from None
+    except ValueError as e:
+        raise ValueError(f"{path} is not JSON: {e}") from None
+    if not isinstance(table, dict) or not isinstance(table.get("layers"), list) or not table["layers"]:
+        raise ValueError(f"{path}: a model table is a JSON object with a non-empty \"layers\" list")
+    return table
 
 
 def timed_layers(table, step_compute=None, bwd_ratio=2.0):
@@ -102,11 +119,15 @@ def config_text(layers, nodes, bandwidth, latency, policy, ranks_per_host=1, all
 
 
 def find_binary():
+    """$MLSL_SIM_BINARY, else the simulator `pip install` put beside this file, else the source
+    tree's build/mlsl_sim (`make sim`)."""
     env = os.environ.get("MLSL_SIM_BINARY")
-    path = pathlib.Path(env) if env else HERE.parent / "build" / "mlsl_sim"
-    if not path.exists():
-        raise FileNotFoundError(f"{path} not found: build it with `make sim` in the repository")
-    return str(path)
+    candidates = [pathlib.Path(env)] if env else [HERE / "mlsl_sim", HERE.parent / "build" / "mlsl_sim"]
+    for path in candidates:
+        if path.is_file() and os.access(path, os.X_OK):
+            return str(path)
+    raise FileNotFoundError("the simulator binary is missing (looked for " + ", ".join(map(str, candidates))
+                            + "): reinstall mlsl_tf with pip, or run `make sim` in the source tree")
 
 
 def run_config(text, binary=None):
@@ -186,54 +207,134 @@ def plot(results, path, title=""):
     plt.close(fig)
 
 
+def _number(kind, minimum, strict=False):
+    """An argparse type: int or float, >= minimum (> minimum when strict)."""
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not {'an integer' if kind is int else 'a number'}: {text!r}") from None
+        if value != value or value < minimum or (strict and value == minimum):
+            raise argparse.ArgumentTypeError(f"{text} must be {'>' if strict else '>='} {minimum}")
+        return value
+    return parse
+
+
+def _node_list(text):
+    try:
+        nodes = [int(n) for n in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a comma-separated list of integers: {text!r}") from None
+    if any(n < 1 for n in nodes):
+        raise argparse.ArgumentTypeError(f"node counts must be >= 1: {text!r}")
+    return nodes
+
+
+def _policy_list(text):
+    policies = text.split(",")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown policy {', '.join(unknown)}; the policies are {', '.join(POLICIES)}")
+    return policies
+
+
+def _checked(parse):
+    def check(text):
+        try:
+            parse(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return text  # kept as written: it labels the results
+    return check
+
+
+def _writable(text):
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"directory {parent} does not exist")
+    return text
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m mlsl_tf.simulate", description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Policies: " + ", ".join(POLICIES) + " (see the module's docstring). "
+                                "Example: python -m mlsl_tf.simulate --model resnet50 --nodes 8,64 --link 10gbit")
+    p.add_argument("--model", default="resnet50", help="a table in mlsl_tf/sim_models (" + ", ".join(known_models())
+                   + ") or the path of a JSON table (default: %(default)s)")
+    p.add_argument("--nodes", default="8,64,256,1024", type=_node_list,
+                   help="comma-separated rank counts; hosts = nodes / ranks-per-host (default: %(default)s)")
+    p.add_argument("--link", default="100gbit", type=_checked(parse_rate),
+                   help="per-host link bandwidth, e.g. 100gbit, 800mbit, 12.5GB (bytes) (default: %(default)s)")
+    p.add_argument("--latency", default="1us", type=_checked(parse_seconds),
+                   help="alpha: per-message latency between hosts, e.g. 1us, 2.5ms (default: %(default)s)")
+    p.add_argument("--ranks-per-host", type=_number(int, 1), default=1,
+                   help="ranks sharing one host's link (default: %(default)s)")
+    p.add_argument("--policies", default=",".join(POLICIES), type=_policy_list,
+                   help="comma-separated policies to compare (default: %(default)s)")
+    p.add_argument("--batch", type=_number(int, 1), default=64, help="images per node per step (default: %(default)s)")
+    p.add_argument("--images-per-s", type=_number(float, 0, strict=True), default=100.0,
+                   help="one node's training throughput; the default, %(default)s, is a 2-socket Xeon Gold 6148 "
+                   "on ResNet-50 fp32")
+    p.add_argument("--step-compute", type=_number(float, 0, strict=True),
+                   help="seconds of compute per step; overrides --batch / --images-per-s (default: unset)")
+    p.add_argument("--measure", action="store_true",
+                   help="measure the step compute with the Keras model on this machine (default: off)")
+    p.add_argument("--bwd-ratio", type=_number(float, 0), default=2.0,
+                   help="backward / forward time of a layer (default: %(default)s)")
+    p.add_argument("--allreduce", default="auto", choices=["auto", "rd", "rabenseifner", "ring"],
+                   help="MPICH's allreduce algorithm; auto picks by size as MPICH does (default: %(default)s)")
+    p.add_argument("--gamma", type=_number(float, 0), default=0.0,
+                   help="seconds per byte of local reduction (default: %(default)s)")
+    p.add_argument("--codec", type=_number(float, 0), default=0.0,
+                   help="CPU seconds per byte of the bf16 path's encode/reduce/decode (default: %(default)s)")
+    p.add_argument("--interference", type=_number(float, 0),
+                   help="compute is 1 + this slower while the link carries data (fitted by "
+                   "benchmarks/calibrate_sim.py; default: 0, a dedicated communication core)")
+    p.add_argument("--contention", type=_number(float, 0),
+                   help="the link is 1 + this slower while compute runs (fitted; default: 0)")
+    p.add_argument("--chunk-bytes", type=_number(int, 1),
+                   help=f"MLSL_TF_CHUNK_BYTES (default: the policy's, else {DEFAULTS['chunk_bytes']})")
+    p.add_argument("--inflight", type=_number(int, 1),
+                   help=f"MLSL_TF_INFLIGHT (default: the policy's, else {DEFAULTS['inflight']})")
+    p.add_argument("--fusion-threshold", type=_number(int, 0),
+                   help=f"MLSL_TF_FUSION_THRESHOLD in bytes (default: the policy's, else {DEFAULTS['fusion_threshold']})")
+    p.add_argument("--steps", type=_number(int, 4), default=6,
+                   help="simulated steps, the first 2 of them warm-up (default: %(default)s)")
+    p.add_argument("--out", type=_writable, help="also append the JSON lines to this file (default: none)")
+    p.add_argument("--png", type=_writable, help="draw efficiency vs nodes into this PNG (default: none)")
+    return p
+
+
 def main(argv=None):
-    p = argparse.ArgumentParser(prog="python -m mlsl_tf.simulate", description=__doc__.split("\n\n")[0])
-    p.add_argument("--model", default="resnet50", help="table name in mlsl_tf/sim_models or a JSON path")
-    p.add_argument("--nodes", default="8,64,256,1024", help="ranks (hosts = nodes / ranks-per-host)")
-    p.add_argument("--link", default="100gbit", help="per-host link bandwidth, e.g. 100gbit, 10gbit")
-    p.add_argument("--latency", default="1us", help="alpha: per-message latency between hosts")
-    p.add_argument("--ranks-per-host", type=int, default=1)
-    p.add_argument("--policies", default="horovod,fifo,priority,overlap,bf16")
-    p.add_argument("--batch", type=int, default=64, help="images per node per step")
-    p.add_argument("--images-per-s", type=float, default=100.0,
-                   help="one node's training throughput (default: a 2-socket Xeon Gold 6148, ResNet-50 fp32)")
-    p.add_argument("--step-compute", type=float, help="seconds of compute per step (overrides batch/images)")
-    p.add_argument("--measure", action="store_true", help="measure the step compute with the Keras model here")
-    p.add_argument("--bwd-ratio", type=float, default=2.0, help="backward / forward time of a layer")
-    p.add_argument("--allreduce", default="auto", choices=["auto", "rd", "rabenseifner", "ring"])
-    p.add_argument("--gamma", type=float, default=0.0, help="s per byte of local reduction")
-    p.add_argument("--codec", type=float, default=0.0, help="CPU s per byte of the bf16 path's encode/reduce/decode")
-    p.add_argument("--interference", type=float, help="compute is 1 + this slower while the link carries data "
-                   "(fitted by benchmarks/calibrate_sim.py; default 0: a dedicated communication core)")
-    p.add_argument("--contention", type=float, help="the link is 1 + this slower while compute runs (fitted; "
-                   "default 0)")
-    p.add_argument("--chunk-bytes", type=int)
-    p.add_argument("--inflight", type=int)
-    p.add_argument("--fusion-threshold", type=int)
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--out", help="also append the JSON lines to this file")
-    p.add_argument("--png", help="efficiency vs nodes")
+    p = build_parser()
     a = p.parse_args(argv)
-    table = load_table(a.model)
+    try:
+        table = load_table(a.model)
+        binary = find_binary()
+    except (ValueError, FileNotFoundError) as e:
+        p.error(str(e))
     compute = a.step_compute
     if a.measure:
         compute = measure_step_seconds(table["model"], a.batch)
     elif compute is None:
         compute = a.batch / a.images_per_s
-    layers = timed_layers(table, compute, a.bwd_ratio)
+    try:
+        layers = timed_layers(table, compute, a.bwd_ratio)
+    except (KeyError, TypeError, ValueError) as e:
+        p.error(f"model table {a.model}: {type(e).__name__}: {e}")
     overrides = {k: v for k, v in (("chunk_bytes", a.chunk_bytes), ("inflight", a.inflight),
                                    ("fusion_threshold", a.fusion_threshold), ("interference", a.interference),
                                    ("contention", a.contention))
                  if v is not None}
-    binary = find_binary()
     results = []
-    for nodes in [int(n) for n in a.nodes.split(",")]:
-        for policy in a.policies.split(","):
+    for nodes in a.nodes:
+        for policy in a.policies:
             text = config_text(layers, nodes, parse_rate(a.link), parse_seconds(a.latency), policy,
                                a.ranks_per_host, a.allreduce, a.gamma, a.steps, overrides=overrides,
                                codec=a.codec)
             r = run_config(text, binary)
-            r.update(model=table["model"], link=a.link, latency=a.latency)
+            r.update(model=table.get("model", a.model), link=a.link, latency=a.latency)
             r.pop("stats", None)
             results.append(r)
             line = json.dumps(r)
@@ -242,7 +343,7 @@ def main(argv=None):
                 with open(a.out, "a") as f:
                     f.write(line + "\n")
     if a.png:
-        plot(results, a.png, f"{table['model']}: {a.link}, {a.latency}, {a.ranks_per_host} rank/host, "
+        plot(results, a.png, f"{table.get('model', a.model)}: {a.link}, {a.latency}, {a.ranks_per_host} rank/host, "
                              f"{compute * 1e3:.0f} ms compute/step (simulated)")
     return 0
 

@@ -39,25 +39,25 @@ def build_parser() -> argparse.ArgumentParser:
     hosts.add_argument("-H", "--hosts", dest="hosts", metavar="HOST:SLOTS,...",
                        help="hosts and slots, e.g. a:2,b:2 (default: this machine)")
     hosts.add_argument("--hostfile", dest="hostfile", metavar="FILE",
-                       help="file with one 'host slots=N' (or 'host:N') per line")
+                       help="file with one 'host slots=N' (or 'host:N') per line (default: none)")
     p.add_argument("-x", dest="env", action="append", default=[], metavar="VAR[=VAL]",
-                   help="set VAR on every rank: to VAL, or to its value here")
-    p.add_argument("--verbose", action="store_true", help="print the command mlslrun runs")
+                   help="set VAR on every rank: to VAL, or to its value here (repeatable; default: none)")
+    p.add_argument("--verbose", action="store_true", help="print the command mlslrun runs (default: off)")
     p.add_argument("--output-filename", dest="output_filename", metavar="DIR",
-                   help="also write each rank's output to DIR/rank.R/{stdout,stderr}")
+                   help="also write each rank's output to DIR/rank.R/{stdout,stderr} (default: none)")
     p.add_argument("--tag-output", dest="tag_output", action=argparse.BooleanOptionalAction,
                    default=True, help="prefix every line a rank prints with [RANK]<stdout>: or "
                    "[RANK]<stderr>: and keep the ranks' lines whole (default: on)")
     p.add_argument("--start-timeout", dest="start_timeout", type=float, metavar="S",
                    help="fail if some rank has not started after S seconds "
                    "(checked only when all hosts see this machine's temp dir); "
-                   f"also sets {START_TIMEOUT_ENV} on every rank")
+                   f"also sets {START_TIMEOUT_ENV} on every rank (default: none)")
     p.add_argument("--launcher", choices=("auto", "mpi", "srun"), default="auto",
-                   help="auto: srun inside a SLURM job if srun exists, else mpiexec")
+                   help="auto: srun inside a SLURM job if srun exists, else mpiexec (default: %(default)s)")
     p.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                    help="show the frameworks, controllers and tensor ops available")
     p.add_argument("--mpi-args", dest="mpi_args", metavar='"ARGS"',
-                   help="extra arguments (shell-quoted) appended to the mpiexec/srun command")
+                   help="extra arguments (shell-quoted) appended to the mpiexec/srun command (default: none)")
     ssh = p.add_argument_group("ssh to the hosts of -H / --hostfile")
     ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
                      help="the port of the ssh server on every host (default: ssh's, 22)")

@@ -65,11 +65,25 @@ def _err(message: str) -> None:
 # Finding the launcher.
 
 
-def find_mpiexec(python: str = sys.executable, path: Optional[str] = None) -> Optional[str]:
-    """mpiexec next to ``python`` (a venv's bin) if there, else the first on PATH."""
-    sibling = os.path.join(os.path.dirname(python), "mpiexec")
-    if os.path.isfile(sibling) and os.access(sibling, os.X_OK):
-        return sibling
+# Written by `pip install` (setup.py): the MPI the installed library was built against.
+BUILD_INFO = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "_build.json")
+
+
+def _built_mpiexec(build_info: str = BUILD_INFO) -> Optional[str]:
+    try:
+        with open(build_info) as f:
+            return json.load(f).get("mpiexec")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def find_mpiexec(python: str = sys.executable, path: Optional[str] = None,
+                 build_info: str = BUILD_INFO) -> Optional[str]:
+    """mpiexec next to ``python`` (a venv's bin) if there, else the one of the MPI an installed
+    package was built against (a venv that sees another environment's MPI), else the first on PATH."""
+    for candidate in (os.path.join(os.path.dirname(python), "mpiexec"), _built_mpiexec(build_info)):
+        if candidate and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            return candidate
     return shutil.which("mpiexec", path=path)
 
 

@@ -79,18 +79,20 @@ def _path(text: str) -> str:
 # Flags that only set an environment variable on every rank (the settings of ops/core/settings.cc).
 ENV_FLAGS: tuple[EnvFlag, ...] = (
     EnvFlag("--fusion-threshold-mb", "MLSL_TF_FUSION_THRESHOLD", _mb_to_bytes,
-            "fuse small allreduces into buffers of up to this many MB (0 = off)"),
+            "fuse small allreduces into buffers of up to this many MB (0 = off; default: 1)"),
     EnvFlag("--chunk-mb", "MLSL_TF_CHUNK_BYTES", _positive_mb_to_bytes,
-            "cut allreduces into chunks of this many MB; the scheduler re-picks between chunks"),
-    EnvFlag("--inflight", "MLSL_TF_INFLIGHT", _positive_int, "chunks in flight at once"),
+            "cut allreduces into chunks of this many MB; the scheduler re-picks between chunks "
+            "(default: 1)"),
+    EnvFlag("--inflight", "MLSL_TF_INFLIGHT", _positive_int, "chunks in flight at once (default: 4)"),
     EnvFlag("--priority", "MLSL_TF_PRIORITY", _policy, "scheduling policy: priority (default) or fifo"),
     EnvFlag("--comm-core", "MLSL_TF_COMM_CORE", _core_list,
-            "pin each rank's background thread to this core (a list: local rank i gets the (i mod n)-th)"),
+            "pin each rank's background thread to this core (a list: local rank i gets the (i mod n)-th; "
+            "default: not pinned)"),
     EnvFlag("--bind", "MLSL_TF_BIND", _binding,
             "auto (default): each rank's threads on its own block of the machine's cores unless the launcher "
             "bound them; none: leave them"),
     EnvFlag("--timeline-filename", "MLSL_TF_TIMELINE", _path,
-            "write a Chrome-trace timeline (rank 0; '{rank}' in the name: every rank)"),
+            "write a Chrome-trace timeline (rank 0; '{rank}' in the name: every rank; default: none)"),
 )
 
 

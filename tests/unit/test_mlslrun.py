@@ -444,7 +444,25 @@ def test_find_mpiexec_prefers_the_python_sibling(tmp_path):
     fake.chmod(0o755)
     assert launch.find_mpiexec(str(bin_dir / "python"), path="") == str(fake)
     assert launch.find_mpiexec(str(tmp_path / "python"), path=str(bin_dir)) == str(fake)
-    assert launch.find_mpiexec(str(tmp_path / "python"), path="") is None
+    assert launch.find_mpiexec(str(tmp_path / "python"), path="", build_info=str(tmp_path / "none.json")) is None
+
+
+def test_find_mpiexec_then_the_mpi_the_package_was_built_with(tmp_path):
+    """An installed package records its MPI's mpiexec (setup.py: _build.json): used when no
+    mpiexec is beside the interpreter (a venv that sees another environment's MPI), before PATH."""
+    built, on_path = tmp_path / "mpi" / "bin", tmp_path / "path"
+    for d in (built, on_path):
+        d.mkdir(parents=True)
+        (d / "mpiexec").write_text("#!/bin/sh\n")
+        (d / "mpiexec").chmod(0o755)
+    info = tmp_path / "_build.json"
+    info.write_text(json.dumps({"mpicxx": str(built / "mpicxx"), "mpiexec": str(built / "mpiexec")}))
+    python = str(tmp_path / "venv" / "bin" / "python")
+    assert launch.find_mpiexec(python, path=str(on_path), build_info=str(info)) == str(built / "mpiexec")
+    (built / "mpiexec").unlink()  # that MPI is gone: PATH's
+    assert launch.find_mpiexec(python, path=str(on_path), build_info=str(info)) == str(on_path / "mpiexec")
+    info.write_text("not json")
+    assert launch.find_mpiexec(python, path="", build_info=str(info)) is None
 
 
 @needs_mpi

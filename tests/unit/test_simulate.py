@@ -106,3 +106,68 @@ def test_command_line_writes_json_lines_and_png(binary, tmp_path, capsys, monkey
     assert [(l["nodes"], l["label"]) for l in lines] == [(2, "fifo"), (2, "overlap"), (16, "fifo"), (16, "overlap")]
     assert all(0 < l["efficiency"] <= 1 and not math.isnan(l["step_s"]) for l in lines)
     assert png.stat().st_size > 1000 and len(out.read_text().splitlines()) == 4
+
+
+def test_help_gives_every_options_default(capsys):
+    with pytest.raises(SystemExit) as e:
+        simulate.main(["--help"])
+    assert e.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())  # the wrapping follows the terminal's width
+    for action in simulate.build_parser()._actions:
+        if action.dest != "help":
+            assert "default" in action.help, action.option_strings  # each option names its default
+    assert "(default: resnet50)" in text and "(default: 8,64,256,1024)" in text and "(default: 6)" in text
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "resnet5"], "unknown model 'resnet5': known models are resnet50"),
+    (["--model", "missing/table.json"], "cannot read the model table missing/table.json: No such file"),
+    (["--nodes", "8,x"], "argument --nodes: not a comma-separated list of integers: '8,x'"),
+    (["--nodes", "0,8"], "argument --nodes: node counts must be >= 1"),
+    (["--link", "fast"], "argument --link: not a rate: 'fast'"),
+    (["--latency", "soon"], "argument --latency: not a time: 'soon'"),
+    (["--policies", "fifo,magic"], "argument --policies: unknown policy magic; the policies are horovod, fifo"),
+    (["--steps", "3"], "argument --steps: 3 must be >= 4"),
+    (["--batch", "1.5"], "argument --batch: not an integer: '1.5'"),
+    (["--images-per-s", "0"], "argument --images-per-s: 0 must be > 0"),
+    (["--chunk-bytes", "0"], "argument --chunk-bytes: 0 must be >= 1"),
+    (["--gamma", "nan"], "argument --gamma: nan must be >= 0"),
+    (["--png", "no/such/dir/eff.png"], "argument --png: directory"),
+    (["--allreduce", "tree"], "argument --allreduce: invalid choice: 'tree'"),
+])
+def test_bad_input_is_a_usage_error_not_a_traceback(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        simulate.main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: python -m mlsl_tf.simulate") and message in err, err
+
+
+def test_a_table_without_layers_is_a_usage_error(tmp_path, capsys):
+    for text, message in (('{"model": "x"}', 'a model table is a JSON object with a non-empty "layers" list'),
+                          ("{not json", "is not JSON")):
+        (tmp_path / "t.json").write_text(text)
+        with pytest.raises(SystemExit) as e:
+            simulate.main(["--model", str(tmp_path / "t.json")])
+        assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_find_binary_prefers_the_installed_one(tmp_path, monkeypatch):
+    """MLSL_SIM_BINARY, else mlsl_sim beside simulate.py (an installed package), else the tree's
+    build/mlsl_sim; nothing: an error naming where it looked."""
+    package, installed = tmp_path / "site" / "mlsl_tf", tmp_path / "site" / "mlsl_tf" / "mlsl_sim"
+    package.mkdir(parents=True)
+    monkeypatch.delenv("MLSL_SIM_BINARY", raising=False)
+    monkeypatch.setattr(simulate, "HERE", package)
+    with pytest.raises(FileNotFoundError) as e:
+        simulate.find_binary()
+    assert str(installed) in str(e.value) and str(tmp_path / "site" / "build" / "mlsl_sim") in str(e.value)
+    installed.write_text("#!/bin/sh\n")
+    with pytest.raises(FileNotFoundError):  # not executable
+        simulate.find_binary()
+    installed.chmod(0o755)
+    assert simulate.find_binary() == str(installed)
+    monkeypatch.setenv("MLSL_SIM_BINARY", str(tmp_path / "other"))
+    with pytest.raises(FileNotFoundError, match="other"):
+        simulate.find_binary()
