@@ -17,12 +17,12 @@ VENV      ?= .venv
 PYTHON    ?= $(VENV)/bin/python
 MPIEXEC   ?= $(shell d=$$(dirname $(PYTHON)); if [ -x $$d/mpiexec ]; then echo $$d/mpiexec; else echo mpiexec; fi)
 CXXSTD    := -std=c++17 -O2 -g -fPIC -pthread -Wall -Wno-deprecated-declarations -Wno-interference-size -Wno-unused-parameter -Wno-sign-compare
-# MPI and TensorFlow of the target interpreter, found by buildtools/toolchain.py (how, and why
+# MPI and TensorFlow of the target interpreter, found by tools/toolchain.py (how, and why
 # with a clean environment: its docstring). MPICXX=... overrides the MPI search. TensorFlow's
 # flags are cached in build/tf_flags.json (importing TensorFlow takes seconds), so a `make lib`
 # with nothing to do takes well under a second. Each is computed once per make, when first used.
 TF_PY      = env -u PYTHONPATH -u PYTHONNOUSERSITE -u PYTHONHOME $(PYTHON)
-TOOLCHAIN_PY = $(TF_PY) buildtools/toolchain.py
+TOOLCHAIN_PY = $(TF_PY) tools/toolchain.py
 MPICXX    ?= $(eval MPICXX := $$(shell $$(TOOLCHAIN_PY) mpicxx))$(MPICXX)
 TF_CFLAGS  = $(eval TF_CFLAGS := $$(shell $$(TOOLCHAIN_PY) cflags build/tf_flags.json))$(TF_CFLAGS)
 TF_LFLAGS  = $(eval TF_LFLAGS := $$(if $$(TF_CFLAGS),$$(shell $$(TOOLCHAIN_PY) lflags build/tf_flags.json)))$(TF_LFLAGS)

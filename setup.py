@@ -33,10 +33,10 @@ class BuildOps(build_py):
         if os.environ.get("MLSL_TF_SKIP_BUILD") == "1":
             return super().run()
         env = _clean_env()
-        check = subprocess.run([sys.executable, "buildtools/toolchain.py", "check", "build/tf_flags.json"],
+        check = subprocess.run([sys.executable, "tools/toolchain.py", "check", "build/tf_flags.json"],
                                cwd=HERE, env=env, capture_output=True, text=True)
         if check.returncode != 0:
-            sys.exit(check.stderr.strip() or "mlsl_tf build: buildtools/toolchain.py check failed")
+            sys.exit(check.stderr.strip() or "mlsl_tf build: tools/toolchain.py check failed")
         print(check.stdout.strip(), flush=True)
         mpicxx = check.stdout.splitlines()[0].split(": ", 1)[1]
         subprocess.check_call(["make", "--no-print-directory", "lib", "sim", f"PYTHON={sys.executable}",

@@ -4,7 +4,7 @@ installed package works outside the source tree: import, a 2-rank allreduce unde
 `python -m mlsl_tf.simulate`. The clone carries this tree's compiled objects (make reuses them:
 the test costs a link, not a 4-minute compile; `make lib` proves the compile itself), and the
 fresh venv sees this environment's site-packages through a .pth file (no TensorFlow download).
-Also: the errors buildtools/toolchain.py gives when TensorFlow or MPI cannot be found, and its
+Also: the errors tools/toolchain.py gives when TensorFlow or MPI cannot be found, and its
 cache of TensorFlow's flags."""
 
 import importlib.util
@@ -19,8 +19,8 @@ import sysconfig
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-TOOLCHAIN = REPO / "buildtools" / "toolchain.py"
-SOURCES = ("setup.py", "pyproject.toml", "MANIFEST.in", "Makefile", "buildtools", "ops", "mlsl_tf")
+TOOLCHAIN = REPO / "tools" / "toolchain.py"
+SOURCES = ("setup.py", "pyproject.toml", "MANIFEST.in", "Makefile", "tools", "ops", "mlsl_tf")
 
 
 def _clean_env(**extra):

@@ -1,10 +1,10 @@
 """Finds what the ops are compiled with, for the interpreter that runs this script (the target
 environment): the MPI C++ compiler and TensorFlow's compile/link flags, the latter cached.
 
-    python buildtools/toolchain.py mpicxx            the MPI compiler wrapper's path
-    python buildtools/toolchain.py cflags CACHE      TensorFlow's compile flags
-    python buildtools/toolchain.py lflags CACHE      TensorFlow's link flags
-    python buildtools/toolchain.py check CACHE       both, or an error naming what was looked for
+    python tools/toolchain.py mpicxx            the MPI compiler wrapper's path
+    python tools/toolchain.py cflags CACHE      TensorFlow's compile flags
+    python tools/toolchain.py lflags CACHE      TensorFlow's link flags
+    python tools/toolchain.py check CACHE       both, or an error naming what was looked for
 
 Run by the Makefile and setup.py with a clean environment (no PYTHONPATH, no PYTHONNOUSERSITE):
 pip's isolated build puts only the build requirements on sys.path, while the ops must be built
