@@ -1,6 +1,7 @@
-// Executor: runs one agreed non-chunked collective (allgather, broadcast, alltoall,
-// reducescatter, barrier, Adasum allreduce) to completion. Every rank calls Execute for the same
-// ids in the same order; other allreduces go through the Scheduler's chunks instead. A rank that has joined (Horovod's join) has no request of its
+// Executor: runs the agreed collectives that are not yet cut in pieces -- an Adasum allreduce
+// and a compressed (bf16 wire) reducescatter -- to completion, blocking. Every rank calls Execute
+// for the same ids in the same order; other allreduces go through the Scheduler's chunks, the
+// other collectives through its pieces (algorithm.h). A rank that has joined (Horovod's join) has no request of its
 // own: it passes request == nullptr and contributes the op's identity, or no rows.
 #pragma once
 
@@ -19,14 +20,9 @@ class Executor {
   Status Execute(const RequestMeta& meta, Request* request, const std::vector<bool>& joined);
 
  private:
-  Status Allgather(const RequestMeta& m, Request* r);
-  Status Broadcast(const RequestMeta& m, Request* r, const std::vector<bool>& joined);
-  Status Alltoall(const RequestMeta& m, Request* r);
   Status Reducescatter(const RequestMeta& m, Request* r);
   // Adasum allreduce (adasum_executor.cc): each tensor of the request combined on its own.
   Status Adasum(const RequestMeta& m, Request* r);
-  // Allgathers one int64 per rank.
-  Status GatherCounts(int64_t mine, std::vector<int64_t>* all);
 
   Communicator* comm_;
   std::vector<char> staging_;  // reducescatter's prescaled copy of the input, reused across calls

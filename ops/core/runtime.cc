@@ -474,7 +474,7 @@ bool Runtime::Cycle(bool* progress) {
     std::vector<bool> group_joined(group.ranks.size());
     for (size_t i = 0; i < group.ranks.size(); ++i) group_joined[i] = joined[group.ranks[i]];
     const uint64_t before = group.scheduler->started();
-    group.scheduler->StartUpTo(bits[done_at + g] + uint64_t(options_.inflight), group_joined);
+    group.scheduler->StartUpTo(bits[done_at + g] + uint64_t(options_.inflight), group_joined, bits[done_at + g]);
     group.scheduler->Progress();
     // Small transfers just started usually finish within microseconds: finishing them here
     // saves a control round trip before the framework sees the result.

@@ -36,6 +36,12 @@ struct Scheduler::Work {
   int outstanding = 0, chunks = 0;
   Status status;
   Clock::time_point first_start;
+  // Cut in pieces (broadcast, allgather, alltoall, reducescatter, barrier): made on first start.
+  bool piecewise = false;
+  std::unique_ptr<Algorithm> algo;
+  uint64_t sync_seq = 0;  // with `synced` false: the unit that must complete everywhere first
+  bool synced = true;
+  bool unfinished() const { return algo ? !algo->started_all() : next < total; }
   int64_t bytes() const { return total * int64_t(DataTypeSize(meta.dtype)); }
   std::string label() const {
     return parts.size() == 1 ? parts[0].name : "fused[" + std::to_string(parts.size()) + "] " + parts[0].name;
@@ -49,6 +55,7 @@ struct Scheduler::Unit {
   int64_t bytes;
   int chunk;
   Clock::time_point start;
+  Status error;  // the unit could not start
 };
 
 namespace {
@@ -73,6 +80,9 @@ void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finis
   // Adasum runs whole in the Executor, never fused: its dot products are per tensor.
   w->chunked = meta.op == OpType::kAllreduce && meta.reduce_op != ReduceOp::kAdasum;
   w->total = Elements(meta);
+  w->piecewise = !w->chunked && (meta.op == OpType::kBroadcast || meta.op == OpType::kAllgather ||
+                                 meta.op == OpType::kAlltoall || meta.op == OpType::kBarrier ||
+                                 (meta.op == OpType::kReducescatter && !meta.compressed()));
   Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
   if (request && timeline_->enabled()) {
     timeline_->Span(meta.name, "negotiate", "negotiation", submitted, p.agreed);
@@ -100,7 +110,8 @@ void Scheduler::Fuse(Work* head) {
       head->meta.error_feedback)
     return;
   int64_t bytes = head->bytes();
-  for (auto it = queue_.begin() + 1; it != queue_.end();) {
+  auto self = std::find_if(queue_.begin(), queue_.end(), [head](const std::unique_ptr<Work>& a) { return a.get() == head; });
+  for (auto it = self + 1; it != queue_.end();) {
     Work* w = it->get();
     if (w->prepared || !SameKind(head->meta, w->meta) || w->meta.error_feedback ||
         bytes + w->bytes() > options_.fusion_threshold) {
@@ -251,12 +262,70 @@ void Scheduler::RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joine
   if (p.request) p.finish(s);
 }
 
-void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined) {
+Scheduler::Work* Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_done) {
+  for (size_t i = 0; i < queue_.size();) {
+    Work* w = queue_[i].get();
+    if (!w->piecewise) return w;
+    if (!w->algo) {
+      Part& p = w->parts[0];
+      int64_t piece = std::max<int64_t>(1, std::min(options_.chunk_bytes, comm_->max_message_bytes()));
+      w->algo = MakeAlgorithm(w->meta, p.request, joined, comm_->rank(), comm_->size(), piece);
+      w->prepared = true;
+      w->first_start = Now();
+      if (p.request) {
+        stats_->Wait(w->meta.priority, std::chrono::duration<double>(w->first_start - p.agreed).count());
+        if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, w->first_start);
+      }
+      if (w->algo->started_all()) {  // failed on agreed facts: no piece at all
+        std::unique_ptr<Work> own = std::move(queue_[i]);
+        queue_.erase(queue_.begin() + i);
+        active_.push_back(std::move(own));
+        FinishPieces(w);
+        continue;
+      }
+    }
+    if (w->synced || w->sync_seq < common_done) return w;
+    ++i;  // waits for its previous piece on every rank; what is behind it may go
+  }
+  return nullptr;
+}
+
+void Scheduler::StartPiece(Work* w) {
+  auto unit = std::make_unique<Unit>();
+  unit->seq = started_++;
+  unit->work = w;
+  unit->chunk = w->chunks++;
+  unit->start = Now();
+  unit->bytes = 0;
+  Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
+  bool sync = false;
+  if (slot) {
+    unit->error = w->algo->Next(slot, &unit->op, &sync, &unit->bytes);
+    if (unit->error.ok() && !unit->op) unit->error = Status::Internal("an algorithm piece started nothing");
+  } else {
+    unit->error = slot_error_;
+  }
+  w->synced = !sync;
+  w->sync_seq = unit->seq;
+  w->outstanding++;
+  inflight_.push_back(std::move(unit));
+  if (w->algo->started_all()) {
+    auto it = std::find_if(queue_.begin(), queue_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; });
+    active_.push_back(std::move(*it));
+    queue_.erase(it);
+  }
+}
+
+void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
+  if (common_done == UINT64_MAX) common_done = completed_prefix_;
   while (started_ < limit && !queue_.empty()) {
-    Work* head = queue_.front().get();
-    if (!head->chunked) {
-      std::unique_ptr<Work> w = std::move(queue_.front());
-      queue_.erase(queue_.begin());
+    Work* head = Startable(joined, common_done);
+    if (!head) break;
+    if (!head->piecewise && !head->chunked) {
+      auto it = std::find_if(queue_.begin(), queue_.end(),
+                             [head](const std::unique_ptr<Work>& a) { return a.get() == head; });
+      std::unique_ptr<Work> w = std::move(*it);
+      queue_.erase(it);
       RunWhole(std::move(w), joined);
       continue;
     }
@@ -264,7 +333,7 @@ void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined) {
       Fuse(head);
       Prepare(head);
     }
-    if (last_started_ && last_started_ != head && last_started_->next < last_started_->total) {
+    if (last_started_ && last_started_ != head && last_started_->unfinished()) {
       stats_->Preemption();
       if (timeline_->enabled()) {
         timeline_->Instant("preempted by " + head->label(), "preempt", "queue", Now(),
@@ -272,10 +341,16 @@ void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined) {
       }
     }
     last_started_ = head;
+    if (head->piecewise) {
+      StartPiece(head);
+      continue;
+    }
     StartChunk(head);
     if (head->next == head->total) {
-      active_.push_back(std::move(queue_.front()));
-      queue_.erase(queue_.begin());
+      auto it = std::find_if(queue_.begin(), queue_.end(),
+                             [head](const std::unique_ptr<Work>& a) { return a.get() == head; });
+      active_.push_back(std::move(*it));
+      queue_.erase(it);
     }
   }
 }
@@ -303,7 +378,7 @@ void Scheduler::Progress() {
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();
     bool done = false;
-    Status s = u->op ? u->op->Test(&done) : slot_error_;
+    Status s = u->op ? u->op->Test(&done) : (u->error.ok() ? slot_error_ : u->error);
     if (!s.ok()) {
       u->work->status = s;
       done = true;
@@ -322,6 +397,11 @@ void Scheduler::Progress() {
     pacer_.Completed(u->bytes);
     Complete(u->seq);
     inflight_.erase(inflight_.begin() + i);
+    if (w->algo) {
+      if (s.ok()) w->algo->PieceDone(u->chunk);
+      if (--w->outstanding == 0 && w->algo->started_all()) FinishPieces(w);
+      continue;
+    }
     if (--w->outstanding == 0 && w->next == w->total) Finalize(w);
   }
 }
@@ -357,9 +437,26 @@ void Scheduler::Finalize(Work* w) {
     }
     p.finish(w->status);
   }
-  if (last_started_ == w) last_started_ = nullptr;
   spare_.Give(std::move(w->own));
-  // Only fully started works finish, and those have moved to active_.
+  Retire(w);
+}
+
+void Scheduler::FinishPieces(Work* w) {
+  Status s = w->algo->Finish();
+  if (!w->status.ok()) s = w->status;
+  Part& p = w->parts[0];
+  if (timeline_->enabled() && p.request) {
+    const auto done = Now();
+    timeline_->Span(p.name, OpTypeName(w->meta.op), "collective", w->first_start, done);
+    timeline_->HorovodOp(p.name, OpTypeName(w->meta.op), p.agreed, w->first_start, done);
+  }
+  if (p.request) p.finish(s);
+  Retire(w);
+}
+
+// Only fully started works finish, and those have moved to active_.
+void Scheduler::Retire(Work* w) {
+  if (last_started_ == w) last_started_ = nullptr;
   active_.erase(std::find_if(active_.begin(), active_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; }));
 }
 

@@ -21,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "algorithm.h"
 #include "communicator.h"
 #include "executor.h"
 #include "memory.h"
@@ -60,7 +61,11 @@ class Scheduler {
   // Tests the units in flight; finishes collectives whose last unit completed here.
   void Progress();
   // Starts units, most urgent first, until `limit` units have been started since creation.
-  void StartUpTo(uint64_t limit, const std::vector<bool>& joined);
+  // `common_done` (default: this rank's completed prefix, right where one process plays every
+  // rank) is how many units have completed on every rank: a collective whose next piece needs
+  // its previous one done everywhere (Algorithm::Next's sync) waits for it, and the queue
+  // behind it goes on meanwhile.
+  void StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done = UINT64_MAX);
   // Fails everything queued or in flight (used when the runtime closes).
   void FailAll(const Status& status);
 
@@ -83,6 +88,13 @@ class Scheduler {
   void Prepare(Work* w);
   void StartChunk(Work* w);
   void RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined);
+  // The first queued work whose next unit may start now (null: none); makes algorithms.
+  Work* Startable(const std::vector<bool>& joined, uint64_t common_done);
+  // Starts the next piece of an algorithm's work (algorithm.h).
+  void StartPiece(Work* w);
+  // Every piece of w has completed here: its requests finish.
+  void FinishPieces(Work* w);
+  void Retire(Work* w);
   void Complete(uint64_t seq);
   void Finalize(Work* w);
   // What the result of w is multiplied by: postscale, and 1/size for an average.

@@ -1,0 +1,60 @@
+// Algorithm: one agreed non-chunked collective (broadcast, allgather, alltoall, reducescatter,
+// barrier) as non-blocking work in pieces, each a bounded transfer of at most about piece_bytes
+// per peer, so the Scheduler can start an urgent request between two pieces. Every rank makes the
+// same pieces in the same order: their number and sizes come only from agreed facts (the meta,
+// the joined ranks, and the counts the first piece exchanged). One file per algorithm.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "communicator.h"
+#include "meta.h"
+#include "request.h"
+
+namespace mlsl {
+
+class Algorithm {
+ public:
+  virtual ~Algorithm() = default;
+  // No piece is left to start.
+  virtual bool started_all() const = 0;
+  // Starts the next piece on comm. *sync: the piece after it may start only once this one has
+  // completed on every rank (it exchanges the counts later pieces are cut by). *bytes: what this
+  // rank moves. A failure to start is this rank's; the piece still counts as started.
+  virtual Status Next(Communicator* comm, std::unique_ptr<PendingOp>* op, bool* sync, int64_t* bytes) = 0;
+  // Piece `index` (0-based, in start order) has completed here.
+  virtual void PieceDone(int index) = 0;
+  // Every piece has completed: the outputs are made final (scaling). Returns the request's Status.
+  virtual Status Finish() = 0;
+};
+
+// The algorithm of m's op, for a rank of `size` ranks (request null: this rank has joined and
+// contributes the identity, or no rows). Null for ops that are not cut in pieces (Adasum, a
+// compressed reducescatter): the Executor runs those whole. A collective that fails on agreed
+// facts (a joined broadcast root) gets an algorithm with no pieces whose Finish says why.
+std::unique_ptr<Algorithm> MakeAlgorithm(const RequestMeta& m, Request* r, const std::vector<bool>& joined, int rank,
+                                         int size, int64_t piece_bytes);
+
+// The per-algorithm factories (algo_*.cc).
+std::unique_ptr<Algorithm> MakeBroadcast(const RequestMeta& m, Request* r, const std::vector<bool>& joined, int rank,
+                                         int64_t piece_bytes);
+std::unique_ptr<Algorithm> MakeAllgather(const RequestMeta& m, Request* r, int rank, int size, int64_t piece_bytes);
+std::unique_ptr<Algorithm> MakeAlltoall(const RequestMeta& m, Request* r, int rank, int size, int64_t piece_bytes);
+std::unique_ptr<Algorithm> MakeReducescatter(const RequestMeta& m, Request* r, int rank, int size,
+                                             int64_t piece_bytes);
+std::unique_ptr<Algorithm> MakeBarrier();
+std::unique_ptr<Algorithm> MakeFailed(const Status& s);
+
+// Helpers for the algorithm files.
+// r's output `index` allocated with `shape`; a failure (or a null buffer) is kept in *error
+// and *data points into `fallback` instead, so this rank still takes part in every piece.
+void AllocOrScratch(Request* r, int index, const Shape& shape, size_t bytes, std::vector<char>* fallback,
+                    Status* error, void** data);
+// How many pieces of at most `piece` bytes carry the largest of `bytes` (at least 1).
+int64_t PiecesFor(const std::vector<int64_t>& bytes, int64_t piece);
+// The part of a `total`-byte run that piece j of `piece` bytes covers: [*at, *at + *len).
+void PieceRange(int64_t total, int64_t j, int64_t piece, int64_t* at, int64_t* len);
+
+}  // namespace mlsl
