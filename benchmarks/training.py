@@ -1,37 +1,55 @@
 """Training throughput of real Keras models, launched as users launch them: mlsl_tf's policies,
-Horovod, and the two limits of each setting (compute alone, communication alone), measured in
-the same run with the configurations interleaved.
+Horovod, TensorFlow's MultiWorkerMirroredStrategy (MWMS), the limits of each setting (compute
+alone, communication alone, and this machine's CPU-bound limit) and what communication costs in
+CPU, measured in the same run with the configurations interleaved.
 
     python benchmarks/training.py [--models resnet50,vgg16,transformer] [--links 2gbit,shm]
                                   [--configs ...] [--runs 3] [--np 2]
-                                  [--horovod-python /work/hvd-venv/bin/python]
+                                  [--horovod-python <horovod-venv>/bin/python]
                                   [--plot training.png] [--timeline-png timeline.png]
+    python benchmarks/training.py --markdown results.jsonl ...      # the README table
 
-Every job is `mlslrun -np N` (Horovod: its venv's `mpiexec -n N`) of this file in worker mode,
-which does `import mlsl_tf.keras as hvd; hvd.init()` right after its imports, builds the model
-on a fixed synthetic batch, compiles it with `hvd.DistributedOptimizer(SGD(momentum=0.9))` and
-times `model.fit` after warm-up steps. A link is `shm` (shared memory) or a rate: then each rank
-runs on its own emulated host (benchmarks/hosts.py: a network namespace per rank on a bridge,
-tbf on each host's link, MPICH over TCP).
+Every mlsl_tf job is `mlslrun -np N` (Horovod: its venv's `mpiexec -n N`) of this file in worker
+mode, which does `import mlsl_tf.keras as hvd; hvd.init()` right after its imports, builds the
+model on a fixed synthetic batch, compiles it with `hvd.DistributedOptimizer(SGD(momentum=0.9))`
+and times `model.fit` after warm-up steps. An MWMS job is N processes of this file started
+together, each with its TF_CONFIG (benchmarks/mwms.py). A link is `shm` (shared memory; MWMS on
+127.0.0.1 ports) or a rate: then each rank runs on its own emulated host (benchmarks/hosts.py: a
+network namespace per rank on a bridge, tbf on each host's link; MPICH over TCP, MWMS's gRPC
+between the hosts' addresses). --models tiny is a small MLP for smoke tests.
 
 Configurations (`--configs`, default all), each a separate job:
   fifo          MLSL_TF_PRIORITY=fifo, MLSL_TF_CROSS_ITERATION=0: Horovod's order, update in the step
   priority      MLSL_TF_CROSS_ITERATION=0: priority order, update in the step
   overlap       the defaults: priority + cross-iteration overlap
   overlap_bf16  the defaults with DistributedOptimizer(compression=hvd.Compression.bf16)
+  overlap_tf_keras  the defaults under tf_keras (TF_USE_LEGACY_KERAS=1): model.fit of Keras 2 with
+                DistributedOptimizer over a tf_keras optimizer (no cross-iteration overlap there)
   horovod       Horovod 0.28.1 (--horovod-python; TF 2.15, tf.keras), same model and loop
-  horovod_compute  compute alone in Horovod's venv (TF 2.15, tf.keras, plain optimizer): the
-                compute limit of the horovod job, whose TensorFlow and Keras are not ours
+  mwms          MWMS, Keras 3, the custom strategy.run loop of TensorFlow's multi-worker tutorial
+  mwms_tf_keras MWMS, tf_keras model.fit (the global batch, split per worker by MWMS)
   compute       compute alone: the same training with a plain optimizer (no reduction)
+  compute_tf_keras  compute alone under tf_keras (the limit of overlap_tf_keras and mwms_tf_keras)
+  horovod_compute  compute alone in Horovod's venv (TF 2.15, tf.keras, plain optimizer)
+  mwms_compute  compute alone of the mwms loop: N single-worker strategies, no cluster
   comm          communication alone: the model's gradients (shapes, priorities, dtype) reduced
                 by mlsl_tf each step with no compute; comm_bf16 the same in bf16
-Efficiency of a configuration = max(compute step, comm step) / its step (comm_bf16 for
-overlap_bf16; horovod_compute's step for horovod when it was measured). JSON lines: one per
-job, then one per (model, link, config) with the median over runs, then a summary per (model,
-link). --plot draws the medians as bars; --timeline-png draws
-rank 0's timeline of two consecutive steps of the first overlap job (ResNet-50 at the first
-link): each gradient's start (backward produced it), its chunks on the wire, and its take (the
-next forward pass reached its layer).
+
+CPU: every rank writes its CPU seconds per timed step by thread (/proc/self/task/*/stat; the
+threads a library starts in hvd.init() are labelled 'comm:<name>': mlsl_tf_comm, Horovod's
+background thread; MWMS's are its collective_ops and gRPC threads) and the machine's ksoftirqd
+and softirq time (benchmarks/cpu_cost.py says what each captures). A job's row sums them over
+its ranks: process_cpu_s_per_step, comm_cpu_s_per_step (communication threads), and
+ksoftirqd_s_per_step / softirq_s_per_step (machine-wide, rank 0's reading).
+
+Limits (limits() below has the exact definitions): limit_step_s = max(compute, comm) and
+cpu_limit_step_s = max(link time, compute + communication CPU / cores), each from the jobs of
+the same runs; efficiency and cpu_efficiency = limit / step. JSON lines: one per job, then one
+per (model, link, config) with the medians over runs, limits and ratios to Horovod and MWMS's
+better form. --markdown prints the README table from those lines; --plot draws the medians as
+bars; --timeline-png draws rank 0's timeline of two consecutive steps of the first overlap job
+(ResNet-50 at the first link): each gradient's start (backward produced it), its chunks on the
+wire, and its take (the next forward pass reached its layer).
 """
 
 import argparse
@@ -506,7 +524,8 @@ def plot(summaries, path):
         rows = {r["config"]: r for r in summaries if r["model"] == model and r["link"] == link}
         names = [c for c in order if c in rows and "samples_per_s" in rows[c] and not c.startswith("comm")]
         values = [rows[c]["samples_per_s"] for c in names]
-        colours = ["#999999" if c == "compute" else "#e8a0a0" if c == "horovod_compute" else "#d62728" if c == "horovod"
+        colours = ["#999999" if c.startswith("compute") else "#e8a0a0" if c == "horovod_compute" else "#d62728"
+                   if c == "horovod" else "#b0d8b0" if c == "mwms_compute" else "#2ca02c" if c in MWMS_CONFIGS
                    else "#2a6fdb" for c in names]
         ax.bar(range(len(names)), values, color=colours)
         for i, c in enumerate(names):
