@@ -433,7 +433,7 @@ MEDIAN_FIELDS = ("step_s", "samples_per_s", "process_cpu_s_per_step", "comm_cpu_
                  "softirq_s_per_step")
 
 
-def summarize(results, ns):
+def summarize(results, ns, quiet=False):
     medians = {}
     for (model, link, config), rows in results.items():
         ok = [r for r in rows if "error" not in r]
@@ -456,7 +456,8 @@ def summarize(results, ns):
         if "samples_per_s" in row and best and config not in MWMS_CONFIGS:
             row["over_best_mwms"] = row["samples_per_s"] / best["samples_per_s"]
             row["best_mwms"] = best["config"]
-        print(json.dumps({"median": row}), flush=True)
+        if not quiet:
+            print(json.dumps({"median": row}), flush=True)
         summaries.append(row)
     return summaries
 
@@ -579,14 +580,22 @@ CPU_CONFIGS = (("overlap", "mlsl_tf"), ("horovod", "Horovod"), ("mwms", "MWMS"),
 
 
 def markdown(paths):
-    """The README table from the median lines of result files: one row per (model, link);
+    """The README table from the job lines of result files, summarized together (or, in files
+    without job lines, their median lines): one row per (model, link);
     samples/s (median of runs) of each library, mlsl_tf defaults' ratios to MWMS's better form and
     to Horovod, the two limits of mlsl_tf defaults (samples/s, and its efficiency against each),
     and the CPU seconds per step of each library's communication (summed over the ranks)."""
-    rows = []
+    rows, jobs = [], {}
     for path in paths:
         with open(path) as f:
-            rows += [json.loads(line)["median"] for line in f if line.startswith('{"median"')]
+            for line in f:
+                if line.startswith('{"median"'):
+                    rows.append(json.loads(line)["median"])
+                elif line.startswith('{"job"'):
+                    job = json.loads(line)["job"]
+                    jobs.setdefault((job["model"], job["link"], job["config"]), []).append(job)
+    if jobs:  # the jobs of all the files together (runs made apart, e.g. Horovod's added later)
+        rows = summarize(jobs, None, quiet=True)
     get = {(r["model"], r["link"], r["config"]): r for r in rows}
     head = ["model", "link"] + [name for _, name in TABLE_CONFIGS] + \
         ["mlsl_tf / best MWMS", "mlsl_tf / Horovod", "limit max(compute, comm)", "limit CPU-bound",

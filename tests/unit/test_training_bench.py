@@ -242,3 +242,23 @@ def test_mwms_job_of_two_workers_on_shared_memory(tmp_path):
     assert job["ranks"] == 2 and job["samples_per_s"] > 0 and len(job["cpu_s_per_step_ranks"]) == 2
     a, b = job["weights_sum_ranks"]
     assert a == b
+
+
+def test_markdown_summarizes_the_jobs_of_several_files_together(tmp_path):
+    """Horovod's jobs run apart (another file) still give the ratio to Horovod and its CPU."""
+    files = {"a": tmp_path / "a.jsonl", "b": tmp_path / "b.jsonl"}
+    lines = {"a": [], "b": []}
+    for (model, link, config), runs in _jobs().items():
+        for run, job in enumerate(runs):
+            job = dict(job, model=model, link=link, config=config, run=run,
+                       impl=training.IMPL_OF.get(config, "mlsl_tf"))
+            lines["b" if config.startswith("horovod") else "a"].append(json.dumps({"job": job}))
+    for k, path in files.items():
+        path.write_text("\n".join(lines[k]) + "\n")
+    _, _, row = training.markdown([str(files["a"]), str(files["b"])]).splitlines()
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5] == f"{32 / 0.9:.1f}" and cells[9] == f"{0.9 / 0.75:.2f}x"
+    assert cells[-1].split(" / ")[1] == "0.62"
+    _, _, row = training.markdown([str(files["a"])]).splitlines()  # without Horovod's jobs
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[5] == "-" and cells[9] == "-" and cells[-1].split(" / ")[1] == "-"
