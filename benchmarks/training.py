@@ -53,6 +53,7 @@ wire, and its take (the next forward pass reached its layer).
 """
 
 import argparse
+import functools
 import json
 import os
 import shutil
@@ -166,6 +167,9 @@ def worker(ns):
         import mlsl_tf.keras as hvd
     before = cpu_cost.thread_times()
     hvd.init()
+    if hvd.size() != ns.np:  # e.g. Horovod linked to another MPI than its launcher's: singletons
+        raise SystemExit(f"training.py: {ns.impl} sees {hvd.size()} rank(s), {ns.np} were launched: the "
+                         "launcher's MPI is not the one the library was built with (--horovod-mpiexec)")
     labels = cpu_cost.label_new_threads(before, "comm:")  # the library's own threads (its communication)
     if ns.impl == "horovod":
         keras = tf.keras
@@ -274,13 +278,17 @@ def clean_env(extra):
 def job_argv(ns, model, config, enter, timeline=None, out_dir=None):
     """(argv, env) of one job run by a launcher (mlslrun, or Horovod's mpiexec)."""
     worker_args = ["--worker", "--model", model, "--config", config] + (["--steps", str(ns.steps)] if ns.steps else []) + \
-        (["--out-dir", out_dir] if out_dir else [])
+        (["--out-dir", out_dir] if out_dir else []) + ["--np", str(ns.np)]  # the worker checks the ranks it sees
     if config in HOROVOD_CONFIGS:
         python = ns.horovod_python
-        mpiexec = os.path.join(os.path.dirname(python), "mpiexec")
-        argv = [mpiexec, "-n", str(ns.np)] + enter + [python, os.path.abspath(__file__)] + worker_args + \
+        mpiexec = getattr(ns, "horovod_mpiexec", None) or os.path.join(os.path.dirname(python), "mpiexec")
+        flags, extra = [], {}
+        if is_open_mpi(mpiexec):  # Horovod built against Open MPI: its mpirun, over TCP between hosts
+            flags = (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["--oversubscribe", "--bind-to", "none"]
+            extra = dict(OPEN_MPI_TCP_ENV) if enter else {}
+        argv = [mpiexec, "-n", str(ns.np)] + flags + enter + [python, os.path.abspath(__file__)] + worker_args + \
             ["--impl", "horovod"]
-        return argv, clean_env({})
+        return argv, clean_env(extra)
     python = ns.python
     argv = [python, "-m", "mlsl_tf.runner", "-np", str(ns.np), "--no-tag-output"] + enter + [python, os.path.abspath(__file__)] + \
         worker_args
@@ -289,6 +297,19 @@ def job_argv(ns, model, config, enter, timeline=None, out_dir=None):
     if timeline:
         env["MLSL_TF_TIMELINE"] = timeline
     return argv, env
+
+
+OPEN_MPI_TCP_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
+
+
+@functools.lru_cache(maxsize=None)
+def is_open_mpi(mpiexec):
+    """Whether `mpiexec` is Open MPI's (Horovod may be built against it rather than MPICH)."""
+    try:
+        out = subprocess.run([mpiexec, "--version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return False
+    return "Open MPI" in out.stdout + out.stderr
 
 
 def mwms_procs(ns, model, config, hosts_ctx=None, port=None, out_dir=None):
@@ -642,6 +663,8 @@ def parse(argv):
     p.add_argument("--timeout", type=int, default=900, help="seconds per job")
     p.add_argument("--python", default=sys.executable, help="interpreter with mlsl_tf (default: this one)")
     p.add_argument("--horovod-python", help="interpreter of a venv with Horovod 0.28.1 (mpiexec next to it)")
+    p.add_argument("--horovod-mpiexec", help="the launcher of the MPI Horovod was built with (default: the mpiexec "
+                   "next to --horovod-python; Open MPI's mpirun is detected and run over TCP between hosts)")
     p.add_argument("--plot", help="PNG bar chart of the medians")
     p.add_argument("--timeline-png", help="PNG of two consecutive steps of the first overlap job (rank 0)")
     p.add_argument("--markdown", nargs="+", metavar="JSONL", help="print a markdown table of these result files and exit")

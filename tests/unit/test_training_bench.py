@@ -29,7 +29,7 @@ def test_mlsl_configurations_run_under_mlslrun_with_their_settings():
     argv, env = training.job_argv(_ns(), "resnet50", "fifo", ["ENTER", "--"])
     assert argv[:6] == ["/py", "-m", "mlsl_tf.runner", "-np", "2", "--no-tag-output"]  # it parses the ranks' lines
     assert argv[6:8] == ["ENTER", "--"] and argv[8] == "/py" and argv[9].endswith("training.py")
-    assert argv[10:] == ["--worker", "--model", "resnet50", "--config", "fifo"]
+    assert argv[10:] == ["--worker", "--model", "resnet50", "--config", "fifo", "--np", "2"]
     assert env["MLSL_TF_PRIORITY"] == "fifo" and env["MLSL_TF_CROSS_ITERATION"] == "0"
     _, env = training.job_argv(_ns(), "resnet50", "overlap", [])
     assert not any(k.startswith("MLSL_TF_") for k in env)  # the defaults, as a user runs it
@@ -40,10 +40,23 @@ def test_mlsl_configurations_run_under_mlslrun_with_their_settings():
 def test_horovod_runs_under_its_own_mpiexec():
     argv, env = training.job_argv(_ns(steps=7), "vgg16", "horovod", [])
     assert argv[:3] == ["/hvd/bin/mpiexec", "-n", "2"] and argv[3] == "/hvd/bin/python"
-    assert argv[-2:] == ["--impl", "horovod"] and "--steps" in argv and "7" in argv
+    assert argv[-4:] == ["--np", "2", "--impl", "horovod"] and "--steps" in argv and "7" in argv
     argv, _ = training.job_argv(_ns(), "resnet50", "horovod_compute", [])
-    assert argv[:3] == ["/hvd/bin/mpiexec", "-n", "2"] and argv[-4:] == ["--config", "horovod_compute", "--impl",
-                                                                        "horovod"]
+    assert argv[:3] == ["/hvd/bin/mpiexec", "-n", "2"] and argv[-6:] == ["--config", "horovod_compute", "--np", "2",
+                                                                        "--impl", "horovod"]
+
+
+def test_horovod_built_against_open_mpi_runs_under_its_mpirun_over_tcp(tmp_path):
+    mpirun = tmp_path / "mpirun"  # a stand-in that answers --version as Open MPI's does
+    mpirun.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.4'\n")
+    mpirun.chmod(0o755)
+    argv, env = training.job_argv(_ns(horovod_mpiexec=str(mpirun)), "resnet50", "horovod", ["ENTER", "--"])
+    assert argv[:3] == [str(mpirun), "-n", "2"] and argv[argv.index("ENTER") - 3:argv.index("ENTER")] == \
+        ["--oversubscribe", "--bind-to", "none"]
+    assert env["OMPI_MCA_btl"] == "self,tcp" and env["OMPI_MCA_btl_tcp_if_include"] == "eth0"
+    _, env = training.job_argv(_ns(horovod_mpiexec=str(mpirun)), "resnet50", "horovod", [])  # shared memory
+    assert not any(k.startswith("OMPI_") for k in env)
+    assert not training.is_open_mpi(str(tmp_path / "missing"))
 
 
 def test_horovod_efficiency_against_its_own_compute_when_measured(capsys):
