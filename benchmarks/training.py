@@ -282,12 +282,14 @@ def job_argv(ns, model, config, enter, timeline=None, out_dir=None):
     if config in HOROVOD_CONFIGS:
         python = ns.horovod_python
         mpiexec = getattr(ns, "horovod_mpiexec", None) or os.path.join(os.path.dirname(python), "mpiexec")
-        flags, extra = [], {}
+        flags, extra, launcher_host = [], {}, []
         if is_open_mpi(mpiexec):  # Horovod built against Open MPI: its mpirun, over TCP between hosts
             flags = (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["--oversubscribe", "--bind-to", "none"]
-            extra = dict(OPEN_MPI_TCP_ENV) if enter else {}
-        argv = [mpiexec, "-n", str(ns.np)] + flags + enter + [python, os.path.abspath(__file__)] + worker_args + \
-            ["--impl", "horovod"]
+            if enter:  # PMIx's server listens on TCP: mpirun on host 0, reachable from the others on eth0
+                extra = dict(OPEN_MPI_TCP_ENV)
+                launcher_host = ["ip", "netns", "exec", enter[enter.index("--prefix") + 1] + "0"]
+        argv = launcher_host + [mpiexec, "-n", str(ns.np)] + flags + enter + [python, os.path.abspath(__file__)] + \
+            worker_args + ["--impl", "horovod"]
         return argv, clean_env(extra)
     python = ns.python
     argv = [python, "-m", "mlsl_tf.runner", "-np", str(ns.np), "--no-tag-output"] + enter + [python, os.path.abspath(__file__)] + \
@@ -299,7 +301,9 @@ def job_argv(ns, model, config, enter, timeline=None, out_dir=None):
     return argv, env
 
 
-OPEN_MPI_TCP_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0"}
+OPEN_MPI_TCP_ENV = {"OMPI_MCA_pml": "ob1", "OMPI_MCA_btl": "self,tcp", "OMPI_MCA_btl_tcp_if_include": "eth0",
+                    "OMPI_MCA_oob_tcp_if_include": "eth0", "PMIX_MCA_ptl_tcp_if_include": "eth0",
+                    "PMIX_MCA_ptl_tcp_remote_connections": "1"}
 
 
 @functools.lru_cache(maxsize=None)

@@ -50,12 +50,15 @@ def test_horovod_built_against_open_mpi_runs_under_its_mpirun_over_tcp(tmp_path)
     mpirun = tmp_path / "mpirun"  # a stand-in that answers --version as Open MPI's does
     mpirun.write_text("#!/bin/sh\necho 'mpirun (Open MPI) 4.1.4'\n")
     mpirun.chmod(0o755)
-    argv, env = training.job_argv(_ns(horovod_mpiexec=str(mpirun)), "resnet50", "horovod", ["ENTER", "--"])
-    assert argv[:3] == [str(mpirun), "-n", "2"] and argv[argv.index("ENTER") - 3:argv.index("ENTER")] == \
-        ["--oversubscribe", "--bind-to", "none"]
+    enter = ["/py", "hosts.py", "enter", "--prefix", "mlslhabc123", "--ranks-per-host", "1", "--"]
+    argv, env = training.job_argv(_ns(horovod_mpiexec=str(mpirun)), "resnet50", "horovod", enter)
+    # mpirun in host 0's namespace (PMIx's server on its eth0, which the other hosts reach)
+    assert argv[:7] == ["ip", "netns", "exec", "mlslhabc1230", str(mpirun), "-n", "2"]
+    assert argv[argv.index("hosts.py") - 4:argv.index("hosts.py") - 1] == ["--oversubscribe", "--bind-to", "none"]
     assert env["OMPI_MCA_btl"] == "self,tcp" and env["OMPI_MCA_btl_tcp_if_include"] == "eth0"
-    _, env = training.job_argv(_ns(horovod_mpiexec=str(mpirun)), "resnet50", "horovod", [])  # shared memory
-    assert not any(k.startswith("OMPI_") for k in env)
+    assert env["PMIX_MCA_ptl_tcp_if_include"] == "eth0" and env["PMIX_MCA_ptl_tcp_remote_connections"] == "1"
+    argv, env = training.job_argv(_ns(horovod_mpiexec=str(mpirun)), "resnet50", "horovod", [])  # shared memory
+    assert argv[0] == str(mpirun) and not any(k.startswith(("OMPI_", "PMIX_")) for k in env)
     assert not training.is_open_mpi(str(tmp_path / "missing"))
 
 
