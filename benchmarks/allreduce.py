@@ -197,6 +197,9 @@ def horovod_inprocess(sizes, reps, timer, fresh, resnet50=False):
     import horovod.tensorflow as hvd_hvd
     import tensorflow as tf
     hvd_hvd.init()
+    if hvd_hvd.size() != timer.comm.size:  # Horovod's MPI is not the launcher's: singletons
+        raise SystemExit(f"allreduce.py: Horovod sees {hvd_hvd.size()} rank(s), MPI {timer.comm.size}: launch it "
+                         "with the mpiexec of the MPI Horovod was built with (--horovod-mpiexec)")
     lat = measure({"horovod": lambda b, k: hvd_chain(hvd_hvd, tf, b, k, "hvd", fresh)}, sizes, reps,
                   timer)["horovod"]
     rn50 = None
@@ -208,15 +211,20 @@ def horovod_inprocess(sizes, reps, timer, fresh, resnet50=False):
     return lat, rn50
 
 
-def horovod_subprocess(python, sizes, reps, nranks, mode, resnet50=False):
-    """Runs this file under `python`'s venv (mpiexec next to it) in --impl horovod mode; returns
-    ({size: latency}, ResNet-50 step seconds or None, note)."""
-    mpiexec = netlink.mpiexec_next_to(python) if os.access(python, os.X_OK) else None
+def horovod_subprocess(python, sizes, reps, nranks, mode, resnet50=False, mpiexec=None):
+    """Runs this file under `python`'s venv (mpiexec next to it, or the given launcher of the MPI
+    Horovod was built with) in --impl horovod mode; returns ({size: latency}, ResNet-50 step
+    seconds or None, note)."""
+    mpiexec = mpiexec or (netlink.mpiexec_next_to(python) if os.access(python, os.X_OK) else None)
     if not mpiexec:
         return {}, None, f"skipped: {python} or an mpiexec next to it is missing"
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_ENV)}
-    cmd = [mpiexec, "-n", str(nranks), python, os.path.abspath(__file__), "--impl", "horovod",
-           "--sizes", ",".join(map(str, sizes)), "--reps", str(reps), "--mode", mode] + \
+    flags = []
+    if "Open MPI" in subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout:
+        flags = (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["--oversubscribe", "--bind-to", "none"]
+    cmd = [mpiexec, "-n", str(nranks)] + flags + [python, os.path.abspath(__file__), "--impl", "horovod",
+                                                  "--sizes", ",".join(map(str, sizes)), "--reps", str(reps),
+                                                  "--mode", mode, "--expect-ranks", str(nranks)] + \
         (["--resnet50"] if resnet50 else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
@@ -306,6 +314,9 @@ def plot(rows, path):
 def run_ranks(ns):
     from mpi4py import MPI  # first: MPI_Init_thread(MULTIPLE), which mlsl_tf then reuses
     comm, timer = MPI.COMM_WORLD, Timer(MPI.COMM_WORLD)
+    if ns.expect_ranks and comm.size != ns.expect_ranks:
+        raise SystemExit(f"allreduce.py: {comm.size} rank(s) see each other, {ns.expect_ranks} were launched: "
+                         "mpi4py's MPI is not the launcher's (--horovod-mpiexec)")
     if ns.impl == "horovod":  # a child job started by horovod_subprocess
         lat, rn50 = horovod_inprocess(ns.sizes, ns.reps, timer, ns.mode == "fresh", ns.resnet50)
         if comm.rank == 0:
@@ -348,7 +359,7 @@ def run_ranks(ns):
             hvd.shutdown()  # leave the cores to the Horovod job
             if comm.rank == 0:
                 hvd_lat, hvd_rn50, hvd_note = horovod_subprocess(ns.horovod_python, ns.sizes, ns.reps, comm.size,
-                                                                 ns.mode, ns.resnet50)
+                                                                 ns.mode, ns.resnet50, ns.horovod_mpiexec)
             wait_quietly(comm)
             hvd_note = comm.bcast(hvd_note)
     if rn50 and hvd_rn50:
@@ -379,7 +390,10 @@ def parse(argv):
     p.add_argument("--resnet50", action="store_true", help="also time ResNet-50's 161 gradients issued together")
     p.add_argument("--plot", help="write a PNG of latency and algbw against size")
     p.add_argument("--horovod-python", help="interpreter of a venv with Horovod (and mpi4py, mpiexec next to it)")
+    p.add_argument("--horovod-mpiexec", help="launcher of the MPI Horovod was built with (default: the mpiexec "
+                   "next to --horovod-python); Open MPI's mpirun is detected")
     p.add_argument("--impl", choices=["mlsl", "horovod"], default="mlsl", help=argparse.SUPPRESS)
+    p.add_argument("--expect-ranks", type=int, help=argparse.SUPPRESS)  # the launched ranks, checked
     p.add_argument("--link-name", help=argparse.SUPPRESS)  # what the launcher emulated, for the summary
     ns = p.parse_args(argv)
     if any(s <= 0 or s % 4 for s in ns.sizes):
