@@ -22,6 +22,15 @@ of the same total bytes. The step also produces the 102 MB of fresh gradients, w
 call does not: produce_s times the same function without the allreduces, and
 collective_over_mpi = (mlsl_s - produce_s) / mpi_one_allreduce_s. Horovod, when run, times the
 same step (horovod_s), so horovod_over_mlsl compares like with like.
+
+CPU cost: *_core_s_per_GB = the process CPU time (all threads, user + system: time.process_time)
+of every rank inside the timed calls, summed over the ranks, divided by the GB (1e9 bytes) of
+messages those calls reduced (each allreduce's message counted once). It includes whatever the
+library's threads and the caller's thread burn while waiting (MPICH polls) and the kernel's TCP
+work done in the ranks' syscalls; not softirq work in ksoftirqd (benchmarks/cpu_cost.py) nor
+anything before or after the calls. core_s_ratio = mlsl's / MPI's. ResNet-50's line gives it
+for the whole step (produce_core_s_per_GB: the gradients' production alone, so
+collective_core_s_per_GB = mlsl's - produce's).
 """
 
 import argparse
@@ -49,17 +58,29 @@ def chain_length(nbytes):
 
 
 class Timer:
-    """One sample: fn() run between a barrier and a max-over-ranks reduction, divided by k."""
+    """One sample: fn() run between a barrier and a max-over-ranks reduction, divided by k. With
+    a key, this rank's process CPU time (all its threads, user + system) inside fn() adds to
+    cpu[key]."""
 
     def __init__(self, comm):
         from mpi4py import MPI
-        self.comm, self.max = comm, MPI.MAX
+        self.comm, self.max, self.sum = comm, MPI.MAX, MPI.SUM
+        self.cpu = {}
 
-    def sample(self, fn, k):
+    def sample(self, fn, k, key=None):
         self.comm.Barrier()
-        t = time.perf_counter()
+        c, t = time.process_time(), time.perf_counter()
         fn()
-        return self.comm.allreduce(time.perf_counter() - t, op=self.max) / k
+        elapsed, cpu = time.perf_counter() - t, time.process_time() - c
+        if key is not None:
+            self.cpu[key] = self.cpu.get(key, 0.0) + cpu
+        return self.comm.allreduce(elapsed, op=self.max) / k
+
+    def core_s_per_gb(self, key, nbytes):
+        """Collective: CPU seconds under `key` summed over the ranks, per GB (1e9 bytes) of
+        `nbytes` -- the bytes of the messages those samples reduced (one message counted once,
+        not per rank)."""
+        return self.comm.allreduce(self.cpu.get(key, 0.0), op=self.sum) / (nbytes / 1e9)
 
 
 def hvd_chain(hvd, tf, nbytes, k, tag, fresh):
@@ -150,7 +171,7 @@ def time_alternating(thunks, reps, timer):
     samples = {name: [] for name in thunks}
     for _ in range(reps):
         for name, fn in thunks.items():
-            samples[name].append(timer.sample(fn, 1))
+            samples[name].append(timer.sample(fn, 1, key=("step", name)))
     return {name: statistics.median(v) for name, v in samples.items()}
 
 
@@ -164,9 +185,10 @@ def measure(impls, sizes, reps, timer):
         samples = {name: [] for name in impls}
         for _ in range(reps):
             for name, fn in thunks.items():
-                samples[name].append(timer.sample(fn, k))
+                samples[name].append(timer.sample(fn, k, key=(name, nbytes)))
         for name in impls:
             out[name][nbytes] = statistics.median(samples[name])
+            out[name][("core_s_per_GB", nbytes)] = timer.core_s_per_gb((name, nbytes), nbytes * k * reps)
     return out
 
 
@@ -175,24 +197,34 @@ def horovod_inprocess(sizes, reps, timer, fresh, resnet50=False):
     import horovod.tensorflow as hvd_hvd
     import tensorflow as tf
     hvd_hvd.init()
+    if hvd_hvd.size() != timer.comm.size:  # Horovod's MPI is not the launcher's: singletons
+        raise SystemExit(f"allreduce.py: Horovod sees {hvd_hvd.size()} rank(s), MPI {timer.comm.size}: launch it "
+                         "with the mpiexec of the MPI Horovod was built with (--horovod-mpiexec)")
     lat = measure({"horovod": lambda b, k: hvd_chain(hvd_hvd, tf, b, k, "hvd", fresh)}, sizes, reps,
                   timer)["horovod"]
     rn50 = None
     if resnet50:
-        step = resnet50_step(hvd_hvd, tf, resnet50_gradient_sizes(), "hvd")
+        sizes50 = resnet50_gradient_sizes()
+        step = resnet50_step(hvd_hvd, tf, sizes50, "hvd")
         rn50 = time_alternating({"horovod": step}, reps, timer)["horovod"]
+        lat["rn50_core_s_per_GB"] = timer.core_s_per_gb(("step", "horovod"), 4 * sum(sizes50) * reps)
     return lat, rn50
 
 
-def horovod_subprocess(python, sizes, reps, nranks, mode, resnet50=False):
-    """Runs this file under `python`'s venv (mpiexec next to it) in --impl horovod mode; returns
-    ({size: latency}, ResNet-50 step seconds or None, note)."""
-    mpiexec = netlink.mpiexec_next_to(python) if os.access(python, os.X_OK) else None
+def horovod_subprocess(python, sizes, reps, nranks, mode, resnet50=False, mpiexec=None):
+    """Runs this file under `python`'s venv (mpiexec next to it, or the given launcher of the MPI
+    Horovod was built with) in --impl horovod mode; returns ({size: latency}, ResNet-50 step
+    seconds or None, note)."""
+    mpiexec = mpiexec or (netlink.mpiexec_next_to(python) if os.access(python, os.X_OK) else None)
     if not mpiexec:
         return {}, None, f"skipped: {python} or an mpiexec next to it is missing"
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_ENV)}
-    cmd = [mpiexec, "-n", str(nranks), python, os.path.abspath(__file__), "--impl", "horovod",
-           "--sizes", ",".join(map(str, sizes)), "--reps", str(reps), "--mode", mode] + \
+    flags = []
+    if "Open MPI" in subprocess.run([mpiexec, "--version"], capture_output=True, text=True).stdout:
+        flags = (["--allow-run-as-root"] if os.geteuid() == 0 else []) + ["--oversubscribe", "--bind-to", "none"]
+    cmd = [mpiexec, "-n", str(nranks)] + flags + [python, os.path.abspath(__file__), "--impl", "horovod",
+                                                  "--sizes", ",".join(map(str, sizes)), "--reps", str(reps),
+                                                  "--mode", mode, "--expect-ranks", str(nranks)] + \
         (["--resnet50"] if resnet50 else [])
     try:
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
@@ -203,8 +235,10 @@ def horovod_subprocess(python, sizes, reps, nranks, mode, resnet50=False):
         tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or [""]
         return {}, None, f"failed (exit {proc.returncode}): {tail[0]}"
     rn50 = next((r["resnet50_s"] for r in rows if "resnet50_s" in r), None)
-    return ({r["size_bytes"]: r["latency_s"] for r in rows if "size_bytes" in r}, rn50,
-            f"measured with {python}")
+    lat = {r["size_bytes"]: r["latency_s"] for r in rows if "size_bytes" in r}
+    lat.update({("core_s_per_GB", r["size_bytes"]): r["core_s_per_GB"] for r in rows if "core_s_per_GB" in r})
+    lat.update({"rn50_core_s_per_GB": r["rn50_core_s_per_GB"] for r in rows if "rn50_core_s_per_GB" in r})
+    return lat, rn50, f"measured with {python}"
 
 
 def wait_quietly(comm):
@@ -214,17 +248,26 @@ def wait_quietly(comm):
         time.sleep(0.05)
 
 
+def sizes_of(lat):
+    """The message sizes of a {size: latency, ('core_s_per_GB', size): ...} dict."""
+    return [k for k in lat if isinstance(k, int)]
+
+
 def row(nbytes, lat, hvd_lat, hvd_note):
     def bw(t):
         return None if t is None else nbytes / t / 1e9
     m, p, h = lat["mlsl"][nbytes], lat["mpi"][nbytes], hvd_lat.get(nbytes)
+    cpu = ("core_s_per_GB", nbytes)
     return {"size_bytes": nbytes, "k": chain_length(nbytes),
             "mlsl_latency_us": m * 1e6, "mlsl_algbw_GBps": bw(m),
             "mpi_latency_us": p * 1e6, "mpi_algbw_GBps": bw(p),
             "algbw_ratio": p / m, "latency_ratio": m / p,
             "horovod_latency_us": None if h is None else h * 1e6, "horovod_algbw_GBps": bw(h),
             "horovod_algbw_ratio": None if h is None else p / h,
-            "horovod_over_mlsl_latency": None if h is None else h / m, "horovod": hvd_note}
+            "horovod_over_mlsl_latency": None if h is None else h / m,
+            "mlsl_core_s_per_GB": lat["mlsl"][cpu], "mpi_core_s_per_GB": lat["mpi"][cpu],
+            "horovod_core_s_per_GB": hvd_lat.get(cpu), "core_s_ratio": lat["mlsl"][cpu] / lat["mpi"][cpu],
+            "horovod": hvd_note}
 
 
 def summary(rows, nranks, link, hvd_note):
@@ -240,6 +283,8 @@ def summary(rows, nranks, link, hvd_note):
                                                     if r["size_bytes"] == LATENCY_AT), None),
             "horovod_over_mlsl_latency_min": min((r["horovod_over_mlsl_latency"] for r in rows
                                                   if r["horovod_over_mlsl_latency"] is not None), default=None),
+            "core_s_per_GB_largest": {k: rows[-1][f"{k}_core_s_per_GB"] for k in ("mlsl", "mpi", "horovod")}
+            if rows else None,
             "horovod": hvd_note}
 
 
@@ -269,11 +314,17 @@ def plot(rows, path):
 def run_ranks(ns):
     from mpi4py import MPI  # first: MPI_Init_thread(MULTIPLE), which mlsl_tf then reuses
     comm, timer = MPI.COMM_WORLD, Timer(MPI.COMM_WORLD)
+    if ns.expect_ranks and comm.size != ns.expect_ranks:
+        raise SystemExit(f"allreduce.py: {comm.size} rank(s) see each other, {ns.expect_ranks} were launched: "
+                         "mpi4py's MPI is not the launcher's (--horovod-mpiexec)")
     if ns.impl == "horovod":  # a child job started by horovod_subprocess
         lat, rn50 = horovod_inprocess(ns.sizes, ns.reps, timer, ns.mode == "fresh", ns.resnet50)
         if comm.rank == 0:
-            for nbytes, t in lat.items():
-                print(json.dumps({"size_bytes": nbytes, "latency_s": t}), flush=True)
+            for nbytes in sizes_of(lat):
+                print(json.dumps({"size_bytes": nbytes, "latency_s": lat[nbytes],
+                                  "core_s_per_GB": lat[("core_s_per_GB", nbytes)]}), flush=True)
+            if "rn50_core_s_per_GB" in lat:
+                print(json.dumps({"rn50_core_s_per_GB": lat["rn50_core_s_per_GB"]}), flush=True)
             if rn50 is not None:
                 print(json.dumps({"resnet50_s": rn50}), flush=True)
         return 0
@@ -294,6 +345,10 @@ def run_ranks(ns):
                 "mlsl_over_mpi": t["mlsl"] / t["mpi"],
                 "collective_over_mpi": (t["mlsl"] - t["produce"]) / t["mpi"], "target": "<= 1.05",
                 "horovod_s": None}
+        per_gb = {name: timer.core_s_per_gb(("step", name), 4 * sum(sizes) * ns.reps) for name in t}
+        rn50.update(mlsl_core_s_per_GB=per_gb["mlsl"], produce_core_s_per_GB=per_gb["produce"],
+                    mpi_core_s_per_GB=per_gb["mpi"],
+                    collective_core_s_per_GB=per_gb["mlsl"] - per_gb["produce"])
     hvd_lat, hvd_note, hvd_rn50 = {}, "not importable", None
     try:
         import horovod.tensorflow  # noqa: F401
@@ -304,11 +359,12 @@ def run_ranks(ns):
             hvd.shutdown()  # leave the cores to the Horovod job
             if comm.rank == 0:
                 hvd_lat, hvd_rn50, hvd_note = horovod_subprocess(ns.horovod_python, ns.sizes, ns.reps, comm.size,
-                                                                 ns.mode, ns.resnet50)
+                                                                 ns.mode, ns.resnet50, ns.horovod_mpiexec)
             wait_quietly(comm)
             hvd_note = comm.bcast(hvd_note)
     if rn50 and hvd_rn50:
-        rn50.update(horovod_s=hvd_rn50, horovod_over_mlsl=hvd_rn50 / rn50["mlsl_s"])
+        rn50.update(horovod_s=hvd_rn50, horovod_over_mlsl=hvd_rn50 / rn50["mlsl_s"],
+                    horovod_core_s_per_GB=hvd_lat.get("rn50_core_s_per_GB"))
     if comm.rank == 0:
         rows = [dict(row(b, lat, hvd_lat, hvd_note), ranks=comm.size, mode=ns.mode) for b in ns.sizes]
         for r in rows:
@@ -334,7 +390,10 @@ def parse(argv):
     p.add_argument("--resnet50", action="store_true", help="also time ResNet-50's 161 gradients issued together")
     p.add_argument("--plot", help="write a PNG of latency and algbw against size")
     p.add_argument("--horovod-python", help="interpreter of a venv with Horovod (and mpi4py, mpiexec next to it)")
+    p.add_argument("--horovod-mpiexec", help="launcher of the MPI Horovod was built with (default: the mpiexec "
+                   "next to --horovod-python); Open MPI's mpirun is detected")
     p.add_argument("--impl", choices=["mlsl", "horovod"], default="mlsl", help=argparse.SUPPRESS)
+    p.add_argument("--expect-ranks", type=int, help=argparse.SUPPRESS)  # the launched ranks, checked
     p.add_argument("--link-name", help=argparse.SUPPRESS)  # what the launcher emulated, for the summary
     ns = p.parse_args(argv)
     if any(s <= 0 or s % 4 for s in ns.sizes):
