@@ -17,7 +17,7 @@ from mlsl_tf import keras2_compat, keras3_compat
 
 PACKAGE = pathlib.Path(__file__).resolve().parents[2] / "mlsl_tf"
 COMPAT_MODULES = {"keras2_compat.py", "keras3_compat.py"}
-FLAVOURS = {"keras3_compat": (keras3_compat, "keras 3", keras.__version__),
+FLAVOURS = {"keras3_compat": (keras3_compat, "keras", keras.__version__),
             "keras2_compat": (keras2_compat, "tf_keras", tf_keras.__version__)}
 
 
@@ -132,7 +132,7 @@ def test_checker_names_a_method_that_went_missing(monkeypatch):
     monkeypatch.delattr(base_optimizer.BaseOptimizer, "_get_variable_index")
     message = check_member("keras3_compat", keras3_compat.BASE_OPTIMIZER, "_get_variable_index", ("variable",),
                            "variable_index")
-    assert message == (f"keras 3 {keras.__version__}: keras.src.optimizers.base_optimizer.BaseOptimizer."
+    assert message == (f"keras {keras.__version__}: keras.src.optimizers.base_optimizer.BaseOptimizer."
                        "_get_variable_index missing; used by keras3_compat.variable_index")
 
 
@@ -186,9 +186,8 @@ def test_apply_hook_is_idempotent_and_reversible():
         keras3_compat.remove_apply_hook()
         assert base_optimizer.BaseOptimizer.apply is plain
     finally:
-        base_optimizer.BaseOptimizer.apply = original if was_installed else base_optimizer.BaseOptimizer.apply
-        if not was_installed:
-            keras3_compat.remove_apply_hook()
+        base_optimizer.BaseOptimizer.apply = original  # as it was before this test
+    assert keras3_compat.apply_hook_installed() == was_installed
 
 
 # ------------------------------------------------------------------------------------------------
