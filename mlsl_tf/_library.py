@@ -11,6 +11,13 @@ class NotInitializedError(ValueError):
     """Raised when the API is used before mlsl_tf.init()."""
 
 
+# ops/core/status.h StatusCode: a collective that failed because a peer rank shut down or failed
+# ends with UNAVAILABLE. TensorFlow ops raise it as AbortedError (as Horovod does) with the code
+# in the payload STATUS_CODE_PAYLOAD; the C API gives it by mlsl_tf_last_error_code().
+UNAVAILABLE = 5
+STATUS_CODE_PAYLOAD = "mlsl_tf.status_code"
+
+
 LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_mlsl_tf.so")
 
 
@@ -35,7 +42,8 @@ def c_api():
     load_ops()  # resolves the TensorFlow symbols the library needs first
     lib = ctypes.CDLL(LIBRARY_PATH, mode=ctypes.RTLD_GLOBAL)
     for fn in ("init", "shutdown", "is_initialized", "rank", "size", "local_rank", "local_size",
-               "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "setting_count", "parked", "exit_failing"):
+               "cross_rank", "cross_size", "is_homogeneous", "mpi_threads_supported", "setting_count", "parked", "exit_failing",
+               "last_error_code"):
         getattr(lib, "mlsl_tf_" + fn).restype = ctypes.c_int
         getattr(lib, "mlsl_tf_" + fn).argtypes = []
     for fn in ("last_error", "stats_json"):
@@ -48,11 +56,35 @@ def c_api():
     lib.mlsl_tf_start_timeline.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
     lib.mlsl_tf_stop_timeline.restype = ctypes.c_int
     lib.mlsl_tf_stop_timeline.argtypes = []
+    lib.mlsl_tf_pin_background_thread.restype = ctypes.c_int
+    lib.mlsl_tf_pin_background_thread.argtypes = [ctypes.c_int]
     return lib
 
 
 def last_error():
     return c_api().mlsl_tf_last_error().decode()
+
+
+def status_code(error):
+    """The core's StatusCode an exception carries (an op's error or one raised from the C API's
+    last error), or None for other exceptions."""
+    code = getattr(error, "mlsl_status_code", None)
+    if code is not None:
+        return int(code)
+    payloads = getattr(error, "experimental_payloads", None) or {}
+    raw = payloads.get(STATUS_CODE_PAYLOAD, payloads.get(STATUS_CODE_PAYLOAD.encode()))
+    try:
+        return None if raw is None else int(raw.decode() if isinstance(raw, bytes) else raw)
+    except ValueError:
+        return None
+
+
+def error(cls, message):
+    """An exception of class `cls` saying `message` and the C API's last error, carrying that
+    error's StatusCode as `mlsl_status_code` (basics tells a peer's failure by it)."""
+    e = cls(f"{message}: {last_error()}")
+    e.mlsl_status_code = c_api().mlsl_tf_last_error_code()
+    return e
 
 
 Setting = collections.namedtuple("Setting", "default doc value allowed")

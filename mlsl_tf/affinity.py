@@ -94,12 +94,13 @@ def core_of(cpu):
     return int(package), int(core)
 
 
-def plan(setting, local_rank, local_size, comm_core, current, allowed, topology):
+def plan(setting, local_rank, local_size, comm_cores, current, allowed, topology):
     """(cpus or None, why): the CPUs this rank should run on, or None and the reason to leave it
-    (topology as for physical_cores)."""
+    (comm_cores: MLSL_TF_COMM_CORE as mlsl_tf.cores.parse gives it; topology as for
+    physical_cores)."""
     if setting.strip().lower() == "none":
         return None, f"{SETTING}={setting}"
-    if comm_core.strip():
+    if comm_cores:
         return None, "MLSL_TF_COMM_CORE places the background thread"
     if local_size < 2:
         return None, "one rank on this machine"
@@ -115,12 +116,12 @@ def plan(setting, local_rank, local_size, comm_core, current, allowed, topology)
 _bound = None  # the CPUs an earlier init() of this process bound it to
 
 
-def bind(local_rank, local_size, setting, comm_core):
+def bind(local_rank, local_size, setting, comm_cores):
     """Applies plan() to every thread of this process. Returns the CPUs bound to, or None."""
     global _bound
     if _bound is not None and set(os.sched_getaffinity(0)) == _bound:
         return _bound  # init() again: the mask is our own, not a launcher's
-    cpus, why = plan(setting, local_rank, local_size, comm_core, os.sched_getaffinity(0), allowed_cpus(), core_of)
+    cpus, why = plan(setting, local_rank, local_size, comm_cores, os.sched_getaffinity(0), allowed_cpus(), core_of)
     if cpus is None:
         _log.info("mlsl_tf: threads not bound (%s)", why)
         return None

@@ -2,21 +2,22 @@
 
 import atexit
 import json
+import logging
 import os
 import re
 import sys
 import time
 
-from mlsl_tf import _library
+from mlsl_tf import _library, cores
 from mlsl_tf._library import NotInitializedError  # noqa: F401 - part of this module's API
+
+_log = logging.getLogger("mlsl_tf")
 
 
 _atexit_registered = []
 
 # Set by mlslrun's per-rank wrapper: where this rank records why it failed (see runner/task.py).
 FAILURE_FILE_ENV = "MLSL_TF_FAILURE_FILE"
-# Words of the core's errors that mean another rank ended first: this rank's failure follows it.
-_PEER_FAILURE_WORDS = ("so collectives can no longer complete", "the background cycle failed")
 
 
 def _graph_error_message(text):
@@ -30,6 +31,12 @@ def _graph_error_message(text):
     return text
 
 
+def caused_by_peer(error):
+    """Whether `error` only reports that another rank ended first: a collective (or group
+    change) the core failed with StatusCode kUnavailable (an AbortedError whose payload says so)."""
+    return _library.status_code(error) == _library.UNAVAILABLE
+
+
 def _record_failure(error):
     """Writes when and why this rank failed for mlslrun, which blames the first rank whose
     failure was not caused by another rank's."""
@@ -41,7 +48,7 @@ def _record_failure(error):
     message = re.sub(r"^\{\{function_node [^}]*\}\}\s*|\s*\[Op:\w+\]\s*$", "", _graph_error_message(str(error)))
     text = f"{type(error).__name__}: {message}"
     record = {"time": time.time(), "pid": os.getpid(), "error": text.splitlines()[0][:500] if text else "",
-              "caused_by_peer": any(w in text for w in _PEER_FAILURE_WORDS)}
+              "caused_by_peer": caused_by_peer(error)}
     try:
         with open(path + ".tmp", "w") as f:
             json.dump(record, f)
@@ -75,12 +82,14 @@ def init(comm=None):
         if MPI is None or comm != MPI.COMM_WORLD:
             raise ValueError("mlsl_tf.init(comm=...) supports only None or mpi4py's MPI.COMM_WORLD")
     lib = _library.c_api()
+    config = _library.settings()
+    comm_cores = _comm_cores(config)
     if lib.mlsl_tf_init() != 0:
         raise RuntimeError("mlsl_tf.init() failed: " + _library.last_error())
     from mlsl_tf import affinity, threads
-    config = _library.settings()
+    _pin_background_thread(lib, comm_cores)
     # Both before TensorFlow starts its pools: it sizes them from the cores a thread may use.
-    affinity.bind(local_rank(), local_size(), config[affinity.SETTING][2], config["MLSL_TF_COMM_CORE"][2])
+    affinity.bind(local_rank(), local_size(), config[affinity.SETTING][2], comm_cores)
     threads.configure()
     if not _atexit_registered:
         atexit.register(shutdown)
@@ -91,6 +100,25 @@ def init(comm=None):
         # A Keras script: progress bars and epoch lines on rank 0 only, as with mlsl_tf.keras.init
         # (set_progress_output("all") brings them back).
         set_progress_output(0)
+
+
+def _comm_cores(config):
+    """MLSL_TF_COMM_CORE as a list of cores ([]: not set), or init()'s error for a bad value."""
+    setting = config[cores.SETTING]
+    try:
+        return cores.parse(setting.value)
+    except ValueError:
+        raise RuntimeError(f"mlsl_tf.init() failed: {cores.SETTING}={setting.value} is not valid: expected "
+                           f"{setting.allowed}") from None
+
+
+def _pin_background_thread(lib, comm_cores):
+    """MLSL_TF_COMM_CORE: the library pins its background thread to this local rank's core."""
+    core = cores.core_for(comm_cores, local_rank())
+    if core is None:
+        return
+    if lib.mlsl_tf_pin_background_thread(core) != 0:
+        _log.warning("mlsl_tf: %s (%s=%s)", _library.last_error(), cores.SETTING, ",".join(map(str, comm_cores)))
 
 
 def set_progress_output(ranks=0):

@@ -140,13 +140,13 @@ class TensorFlowKerasState(ObjectState):
         self._save_model()
         super().__init__(**kwargs)
 
-    def _variables(self):
+    def _state_variables(self):
         opt_vars = keras_flavour.of(self.optimizer).optimizer_variables(self.optimizer) \
             if self.optimizer is not None else []
         return list(self.model.variables), opt_vars
 
     def _save_model(self):
-        model_vars, opt_vars = self._variables()
+        model_vars, opt_vars = self._state_variables()
         self._saved_model = _values(model_vars)
         self._saved_optimizer = _values(opt_vars)
 
@@ -155,7 +155,7 @@ class TensorFlowKerasState(ObjectState):
         super().save()
 
     def restore(self):
-        model_vars, opt_vars = self._variables()
+        model_vars, opt_vars = self._state_variables()
         for v, value in zip(model_vars, self._saved_model):
             v.assign(value)
         for v, value in zip(opt_vars, self._saved_optimizer):
@@ -163,7 +163,7 @@ class TensorFlowKerasState(ObjectState):
         super().restore()
 
     def sync(self):
-        model_vars, opt_vars = self._variables()
+        model_vars, opt_vars = self._state_variables()
         broadcast_variables(model_vars + opt_vars, root_rank=0)
         self._save_model()
         super().sync()

@@ -187,7 +187,7 @@ def _add(process_set):
     array = (ctypes.c_int * len(ranks))(*ranks)
     group_id = lib.mlsl_tf_add_group(array, len(ranks))
     if group_id < 0:
-        raise ValueError(f"creating the group of ranks {ranks} failed: {_library.last_error()}")
+        raise _library.error(ValueError, f"creating the group of ranks {ranks} failed")
     process_set.process_set_id = group_id
     _registered.setdefault(group_id, []).append(process_set)
     return process_set
@@ -203,7 +203,7 @@ def remove_process_set(process_set):
         return False
     _check_dynamic("remove_process_set")
     if _c_api().mlsl_tf_remove_group(group_id) != 0:
-        raise ValueError(f"removing group {group_id} failed: {_library.last_error()}")
+        raise _library.error(ValueError, f"removing group {group_id} failed")
     for ps in _registered.pop(group_id, []):
         ps._invalidate()
     _data_parallel_of.pop(group_id, None)  # the id may be reused by an unrelated set

@@ -20,7 +20,8 @@ collective `{name}.grad.{i}` with priority i (ReduceOptions).
 
 No cross-iteration overlap under Keras 2: the update happens inside the step (logged once).
 
-Private tf_keras members relied on (for a contract test), all here except the last:
+Private tf_keras members relied on, all here and nowhere else in mlsl_tf (PRIVATE_MEMBERS;
+tests/unit/test_keras_contract.py checks each against the installed tf_keras):
 - legacy OptimizerV2: `_compute_gradients(loss, var_list, grad_loss=, tape=)` (overridden, and
   called through super), `_create_all_weights(var_list)` and `_name` (builds the slots before a
   conditional apply, in the scope apply_gradients uses), `_slots` (var key -> {slot name: var}),
@@ -32,8 +33,8 @@ Private tf_keras members relied on (for a contract test), all here except the la
   callback (CallbackHooks answers them).
 - class paths: tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2,
   tf_keras.src.optimizers.optimizer.Optimizer, tf_keras.src.engine.base_layer.Layer.
-- mlsl_tf/keras/sync_batch_norm.py: BatchNormalization's
-  `_calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=None)` (overridden).
+- BatchNormalization's `_calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=None)`
+  (overridden by batch_normalization_moments_base, for SyncBatchNormalization).
 """
 
 import json
@@ -45,6 +46,32 @@ import zipfile
 import tensorflow as tf
 
 from mlsl_tf.groups import check_reduction_group
+
+# (class or module, member, kind, used by): kind is "attribute" (on an instance), "class", or
+# the method's leading parameter names after self.
+OPTIMIZER_V2 = "tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2"
+LEGACY_SGD = "tf_keras.src.optimizers.legacy.gradient_descent.SGD"
+NEW_OPTIMIZER = "tf_keras.src.optimizers.optimizer.Optimizer"
+BATCH_NORMALIZATION = "tf_keras.layers.BatchNormalization"
+CALLBACK = "tf_keras.callbacks.Callback"
+PRIVATE_MEMBERS = (
+    ("tf_keras.src.optimizers.legacy.optimizer_v2", "OptimizerV2", "class", "optimizer_base_classes"),
+    ("tf_keras.src.optimizers.optimizer", "Optimizer", "class", "optimizer_base_classes"),
+    ("tf_keras.src.engine.base_layer", "Layer", "class", "is_keras2"),
+    (OPTIMIZER_V2, "_compute_gradients", ("loss", "var_list", "grad_loss", "tape"),
+     "_Keras2DistributedOptimizer._compute_gradients (overridden, called through super)"),
+    (OPTIMIZER_V2, "_create_all_weights", ("var_list",), "build_optimizer"),
+    (LEGACY_SGD, "_name", "attribute", "build_optimizer"),
+    (LEGACY_SGD, "_slots", "attribute", "optimizer_built, momentum_buffers"),
+    (LEGACY_SGD, "_iterations", "attribute", "optimizer_built"),
+    (LEGACY_SGD, "_momentum", "attribute", "momentum_buffers"),
+    (NEW_OPTIMIZER, "_built", "attribute", "optimizer_built"),
+    (CALLBACK, "_implements_train_batch_hooks", (), "CallbackHooks (answered for tf_keras' CallbackList)"),
+    (CALLBACK, "_implements_test_batch_hooks", (), "CallbackHooks (answered for tf_keras' CallbackList)"),
+    (CALLBACK, "_implements_predict_batch_hooks", (), "CallbackHooks (answered for tf_keras' CallbackList)"),
+    (BATCH_NORMALIZATION, "_calculate_mean_and_var", ("inputs", "reduction_axes", "keep_dims", "mask"),
+     "batch_normalization_moments_base (overridden)"),
+)
 
 _log = logging.getLogger("mlsl_tf")
 _logged_synchronous = []
@@ -408,3 +435,22 @@ class CallbackHooks:
 
 def batch_normalization_base():
     return _tf_keras().layers.BatchNormalization
+
+
+_moments_base = []
+
+
+def batch_normalization_moments_base():
+    """tf_keras' BatchNormalization whose training mean and variance come from
+    `self.batch_moments(inputs, reduction_axes, keep_dims, mask)` (a subclass defines it; the
+    non-fused path only)."""
+    if not _moments_base:
+        class BatchNormalizationMoments(batch_normalization_base()):
+            def _calculate_mean_and_var(self, inputs, reduction_axes, keep_dims, mask=None):
+                return self.batch_moments(inputs, list(reduction_axes), keep_dims, mask)
+
+            def batch_moments(self, inputs, reduction_axes, keep_dims, mask):
+                raise NotImplementedError
+
+        _moments_base.append(BatchNormalizationMoments)
+    return _moments_base[0]

@@ -17,7 +17,7 @@ import weakref
 
 import tensorflow as tf
 
-from mlsl_tf import keras2_compat, ops, overlap
+from mlsl_tf import keras2_compat, keras3_compat, ops, overlap
 from mlsl_tf.compression import Compression
 from mlsl_tf.groups import check_reduction_group
 
@@ -178,7 +178,8 @@ class _DistributedOptimizer:
         if self.__dict__.get("_mlsl_deferral") is not None or not overlap.enabled(self._mlsl_cross_iteration):
             return
         options = self._mlsl_options
-        keras_variables = all(isinstance(v, keras_variable_class()) for v in self._trainable_variables)
+        variables = keras3_compat.trainable_variables(self)
+        keras_variables = all(isinstance(v, keras_variable_class()) for v in variables)
         reason = ("this rank is not in the process set" if not options.member() else
                   "backward_passes_per_step > 1" if self._mlsl_passes > 1 else
                   "num_groups/groups fuse gradients across variables" if options.groups else
@@ -189,7 +190,7 @@ class _DistributedOptimizer:
             logging.getLogger("mlsl_tf").info("mlsl_tf: %s applies synchronously: %s", type(self).__name__, reason)
             return
         deferral = overlap.Deferral.of(self, options.name)
-        for i, v in enumerate(self._trainable_variables):
+        for i, v in enumerate(variables):
             deferral.register(v, options, i)
 
     def _mlsl_make_accumulators(self):
@@ -200,13 +201,13 @@ class _DistributedOptimizer:
             return
         with tf.init_scope():
             accumulators = [tf.Variable(tf.zeros(v.shape, v.dtype), trainable=False, name="mlsl_grad_accumulator")
-                            for v in self._trainable_variables]
+                            for v in keras3_compat.trainable_variables(self)]
             counter = tf.Variable(0, dtype=tf.int64, trainable=False, name="mlsl_backward_passes")
         object.__setattr__(self, "_mlsl_accumulators", accumulators)
         object.__setattr__(self, "_mlsl_counter", counter)
 
     def _mlsl_index_of(self, variable):
-        return self._get_variable_index(variable)
+        return keras3_compat.variable_index(self, variable)
 
     def register_local_var(self, var):
         """Marks `var` as this rank's own (Horovod's register_local_var): its gradient is not
@@ -237,17 +238,15 @@ class _DistributedOptimizer:
         if trainable_variables is None:
             if not self.built:
                 raise ValueError("When passing `grads` without `variables`, the optimizer must already be built")
-            variables = list(self._trainable_variables)
+            variables = keras3_compat.trainable_variables(self)
         else:
             variables = list(trainable_variables)
             if not self.built:
-                import keras
-                with keras.name_scope(self.name, caller=self):
-                    self.build(variables)
-            self._check_variables_are_known(variables)
+                keras3_compat.build_optimizer(self, variables)
+            keras3_compat.check_variables_are_known(self, variables)
         if len(grads) != len(variables):
             raise ValueError(f"got {len(grads)} gradients for {len(variables)} variables")
-        indices = [self._get_variable_index(v) for v in variables]
+        indices = [keras3_compat.variable_index(self, v) for v in variables]
         check_reduction_group(variables, self._mlsl_options.process_set)
         if self._mlsl_passes <= 1:
             deferral = self.__dict__.get("_mlsl_deferral")
@@ -318,7 +317,7 @@ def _distributed_class(base, options, backward_passes_per_step, average_aggregat
 
 def _copy_state(source, target):
     """Builds `target` on `source`'s variables and copies the optimizer state across."""
-    target.build(list(source._trainable_variables))
+    target.build(keras3_compat.trainable_variables(source))
     if len(source.variables) != len(target.variables):
         raise ValueError("DistributedOptimizer: could not copy the state of the already-built optimizer")
     for src, dst in zip(source.variables, target.variables):
@@ -367,7 +366,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
     cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                              cross_iteration, scale_local_gradients)
     if _in_place:
-        optimizer.__class__ = cls
+        keras3_compat.swap_class(optimizer, cls)
         if optimizer.built:
             optimizer._mlsl_after_build()
         return optimizer

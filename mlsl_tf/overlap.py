@@ -46,13 +46,12 @@ import weakref
 
 import tensorflow as tf
 
-from mlsl_tf import _library
+from mlsl_tf import _library, keras3_compat
 from mlsl_tf.ops import _group_id
 
 SETTING = "MLSL_TF_CROSS_ITERATION"
 _log = logging.getLogger("mlsl_tf")
 _local = threading.local()  # .busy: ids of the deferrals whose own code is running on this thread
-_hooked_classes = {}
 _graph_takes = weakref.WeakKeyDictionary()  # graph -> ids of variables taken since their last start
 _offers = weakref.WeakKeyDictionary()  # graph -> {id(reduced tensor): _Offer}, from DistributedGradientTape
 _prefixes = {}  # collective-name prefix -> deferrals using it so far (the same order on every rank)
@@ -78,13 +77,6 @@ def _ops():
 def _keras():
     import keras
     return keras
-
-
-def _symbolic():
-    """Keras is only computing shapes (no real reads happen)."""
-    from keras.src.backend.common.stateless_scope import in_stateless_scope
-    from keras.src.backend.common.symbolic_scope import in_symbolic_scope
-    return in_stateless_scope() or in_symbolic_scope()
 
 
 @contextlib.contextmanager
@@ -120,10 +112,9 @@ def why_not_deferred(optimizer, cls=None):
         return "not a Keras 3 optimizer"
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         return "LossScaleOptimizer checks every gradient before applying any"
-    for method in ("apply", "_backend_apply_gradients", "_backend_update_step", "_apply_weight_decay",
-                   "_clip_gradients", "_filter_empty_gradients"):
-        if getattr(cls, method, None) is not getattr(base, method, None):
-            return f"{cls.__name__} overrides {method}"
+    overridden = keras3_compat.overridden_update_path(cls)
+    if overridden:
+        return f"{cls.__name__} overrides {overridden}"
     if getattr(optimizer, "use_ema", False):
         return "use_ema updates every variable's average together"
     if getattr(optimizer, "gradient_accumulation_steps", None):
@@ -173,31 +164,9 @@ def _before_access(var):
     busy = getattr(_local, "busy", None)
     if busy and id(record.deferral) in busy:
         return
-    if _symbolic():
+    if keras3_compat.computing_shapes_only():
         return
     record.before_access(var)
-
-
-def _hooked_class(cls):
-    """A subclass of the Keras variable class `cls` whose accesses call the hook first."""
-    hooked = _hooked_classes.get(cls)
-    if hooked is not None:
-        return hooked
-    base_value = cls.value
-
-    def value(self):
-        _before_access(self)
-        return base_value.fget(self)
-
-    namespace = {"value": property(value), "__module__": cls.__module__, "__qualname__": cls.__qualname__,
-                 "_mlsl_hooked": True}
-    for method in ("assign", "assign_add", "assign_sub"):
-        def write(self, value, _base=getattr(cls, method)):
-            _before_access(self)
-            return _base(self, value)
-        namespace[method] = write
-    hooked = _hooked_classes[cls] = type(cls.__name__, (cls,), namespace)
-    return hooked
 
 
 def _hook(var, record):
@@ -206,8 +175,7 @@ def _hook(var, record):
         raise ValueError(f"variable {getattr(var, 'path', var.name)!r} is already updated by another optimizer "
                          "with cross-iteration overlap; an optimizer's variables must be its own")
     var._mlsl_record = record
-    if not getattr(type(var), "_mlsl_hooked", False):
-        var.__class__ = _hooked_class(type(var))
+    keras3_compat.hook_variable_accesses(var, _before_access)
 
 
 class _Offer:
@@ -231,23 +199,9 @@ def offer(reduced, local, options, priority):
 def install_optimizer_hook():
     """Keras optimizers' apply() learns to defer gradients offered by DistributedGradientTape.
     Installed when such a tape is made: `opt.apply(tape.gradient(...))` looks `apply` up before
-    the gradient is computed."""
-    from keras.src.optimizers import base_optimizer
-    current = base_optimizer.BaseOptimizer.apply
-    if getattr(current, "_mlsl_deferring", False):
-        return
-
-    def apply(self, grads, trainable_variables=None):
-        grads = list(grads)
-        if trainable_variables is not None:
-            trainable_variables = list(trainable_variables)
-            if _apply_offered(self, grads, trainable_variables):
-                return None
-        return current(self, grads, trainable_variables)
-
-    apply._mlsl_deferring = True
-    apply.__doc__ = current.__doc__
-    base_optimizer.BaseOptimizer.apply = apply
+    the gradient is computed. The one global patch (keras3_compat.install_apply_hook says why
+    and how it is scoped); idempotent."""
+    keras3_compat.install_apply_hook(_apply_offered)
 
 
 def _apply_offered(optimizer, grads, variables):
@@ -268,8 +222,7 @@ def _apply_offered(optimizer, grads, variables):
         _log.info("mlsl_tf: %s applies synchronously: %s", type(optimizer).__name__, reason)
         return False
     if not optimizer.built:
-        with keras.name_scope(optimizer.name, caller=optimizer):
-            optimizer.build(variables)
+        keras3_compat.build_optimizer(optimizer, variables)
     deferral = Deferral.of(optimizer, optimizer.name)
     new = [(v, o) for v, o in zip(variables, found) if o is not None and v.__dict__.get("_mlsl_record") is None]
     for v, o in new:
@@ -315,10 +268,11 @@ class Deferral:
         if self.iteration is not None:
             return
         opt = self.optimizer
-        lr_dtype = getattr(opt._learning_rate, "dtype", None) or _keras().config.floatx()
+        lr_dtype = keras3_compat.learning_rate_dtype(opt)
+        iteration_dtype = keras3_compat.iterations_variable(opt).dtype
 
         def make():
-            return (tf.Variable(0, dtype=opt._iterations.dtype, trainable=False, name="mlsl_step_iteration"),
+            return (tf.Variable(0, dtype=iteration_dtype, trainable=False, name="mlsl_step_iteration"),
                     tf.Variable(0, dtype=lr_dtype, trainable=False, name="mlsl_step_learning_rate"))
         try:
             self.iteration, self.learning_rate = make()
@@ -327,7 +281,7 @@ class Deferral:
                 self.iteration, self.learning_rate = make()
         state = _StateRecord()
         state.deferral = self
-        skip = {id(opt._iterations), id(opt._learning_rate)}
+        skip = keras3_compat.step_state_ids(opt)
         for v in opt.variables:
             if id(v) not in skip and v.__dict__.get("_mlsl_record") is None and isinstance(v, _keras().Variable):
                 _hook(v, state)
@@ -356,31 +310,12 @@ class Deferral:
         made_in = [self.records[id(v)].graph for v in variables if id(v) in self.records]
         return any(ref is not None and any(ref() is g for g in graphs) for ref in made_in)
 
-    @contextlib.contextmanager
-    def _step_values(self):
-        """The optimizer reads the recorded step's iteration and learning rate."""
-        opt = self.optimizer
-        saved = opt.__dict__["_iterations"], opt.__dict__["_learning_rate"]
-        object.__setattr__(opt, "_iterations", self.iteration)
-        object.__setattr__(opt, "_learning_rate", self.learning_rate)
-        try:
-            yield
-        finally:
-            object.__setattr__(opt, "_iterations", saved[0])
-            object.__setattr__(opt, "_learning_rate", saved[1])
-
     def _update(self, grad, var):
         """The optimizer's update of `var` alone, as its apply() would make it."""
         opt = self.optimizer
-        with self._step_values(), _keras().name_scope(opt.name, caller=opt):
-            scale = opt.loss_scale_factor
-            if scale is not None:
-                grad = grad / scale
-            grad = opt._clip_gradients([grad])[0]
-            opt._apply_weight_decay([var])
-            opt._backend_update_step([grad], [var], opt.learning_rate)
-            if var.constraint is not None:
-                var.assign(var.constraint(var))
+        with keras3_compat.step_values(opt, self.iteration, self.learning_rate), \
+                _keras().name_scope(opt.name, caller=opt):
+            keras3_compat.update_variable(opt, grad, var)
 
     def take_and_apply(self, var, record):
         """Waits for `var`'s reduced gradient, if one was started, and applies it."""
@@ -408,7 +343,7 @@ class Deferral:
         local gradient to reduce and apply later; without, a reduced one to apply now."""
         opt = self.optimizer
         keras = _keras()
-        grads, variables = opt._filter_empty_gradients([i[0] for i in items], [i[1] for i in items])
+        grads, variables = keras3_compat.filter_empty_gradients(opt, [i[0] for i in items], [i[1] for i in items])
         by_var = {id(i[1]): i for i in items}
         items = [(g,) + by_var[id(v)][1:] for g, v in zip(grads, variables)]
         # Every update still pending reads the recorded step values, so all go before they are
@@ -417,7 +352,7 @@ class Deferral:
         for var in self.variables:
             _before_access(var)
         with _busy(self), keras.name_scope(opt.name, caller=opt):
-            self.iteration.assign(opt._iterations)
+            self.iteration.assign(keras3_compat.iterations_variable(opt))
             self.learning_rate.assign(tf.cast(opt.learning_rate, self.learning_rate.dtype))
             for grad, var, options, priority in items:
                 if options is None:
@@ -426,7 +361,7 @@ class Deferral:
                     self._update(options.reduce([grad], [priority])[0], var)
                 else:
                     self._start(grad, var, options, priority)
-            opt._iterations.assign_add(1)
+            keras3_compat.advance_iterations(opt)
 
     def _start(self, grad, var, options, priority):
         record = self.records[id(var)]

@@ -5,10 +5,9 @@ class in either mode)."""
 
 import functools
 
-import keras
 import tensorflow as tf
 
-from mlsl_tf import keras2_compat, ops
+from mlsl_tf import keras2_compat, keras3_compat, ops
 
 
 def _global_moments(x, axes, weights, group, keepdims=False):
@@ -33,7 +32,7 @@ def _global_moments(x, axes, weights, group, keepdims=False):
     return mean, variance
 
 
-class SyncBatchNormalization(keras.layers.BatchNormalization):
+class SyncBatchNormalization(keras3_compat.BatchNormalizationMoments):
     """In training, the mean and variance over the batch axes come from the samples of every
     rank (of `group`, default all). Inference, moving statistics and every other argument are
     BatchNormalization's. Small per-rank batches then normalise as one large batch would."""
@@ -42,9 +41,9 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
         super().__init__(*args, **kwargs)
         self._mlsl_group = group
 
-    def _moments(self, inputs, mask):
+    def batch_moments(self, inputs, reduction_axes, mask):
         weights = None if mask is None else tf.expand_dims(mask, -1)
-        return _global_moments(inputs, list(self._reduction_axes), weights, self._mlsl_group)
+        return _global_moments(inputs, reduction_axes, weights, self._mlsl_group)
 
     def get_config(self):
         return super().get_config()  # the group is a runtime object, not part of the saved config
@@ -53,9 +52,8 @@ class SyncBatchNormalization(keras.layers.BatchNormalization):
 @functools.lru_cache(maxsize=None)
 def keras2_sync_batch_normalization():
     """The tf_keras (Keras 2) SyncBatchNormalization class: tf_keras' BatchNormalization with
-    fused=False, whose training statistics come from every rank of `group`. It overrides
-    tf_keras' private `_calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask)`."""
-    base = keras2_compat.batch_normalization_base()
+    fused=False, whose training statistics come from every rank of `group`."""
+    base = keras2_compat.batch_normalization_moments_base()
 
     class SyncBatchNormalization(base):  # noqa: F811 - the Keras 2 flavour, same name for saved configs
         __doc__ = keras2_sync_batch_normalization.__doc__
@@ -66,7 +64,7 @@ def keras2_sync_batch_normalization():
             super().__init__(*args, fused=False, **kwargs)
             self._mlsl_group = group
 
-        def _calculate_mean_and_var(self, inputs, reduction_axes, keep_dims, mask=None):
+        def batch_moments(self, inputs, reduction_axes, keep_dims, mask):
             weights = None if mask is None else tf.expand_dims(mask, -1)
             return _global_moments(inputs, list(reduction_axes), weights, self._mlsl_group, keepdims=keep_dims)
 

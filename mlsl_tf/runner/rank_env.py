@@ -8,6 +8,7 @@ import dataclasses
 import re
 from typing import Callable, Mapping
 
+from mlsl_tf import cores
 from mlsl_tf.runner.config import EnvSpec, RunConfig, UsageError
 
 START_TIMEOUT_ENV = "MLSL_TF_START_TIMEOUT"
@@ -57,10 +58,9 @@ def _policy(text: str) -> str:
 
 
 def _core_list(text: str) -> str:
-    cores = [c for c in text.split(",") if c]
-    if not cores or not all(c.isdigit() for c in cores):
+    if not cores.parse(text):  # ValueError for a bad entry
         raise ValueError(f"expected a core number or a comma-separated list of them, got {text!r}")
-    return ",".join(cores)
+    return ",".join(str(c) for c in cores.parse(text))
 
 
 def _binding(text: str) -> str:

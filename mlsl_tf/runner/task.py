@@ -1,7 +1,8 @@
 """Per-rank wrapper that mlslrun puts in front of the user's command.
 
 Run by file path, ``python .../mlsl_tf/runner/task.py [options] -- cmd...``,
-so it never imports the mlsl_tf package (and TensorFlow); standard library only.
+so it never imports TensorFlow: standard library only, plus mlsl_tf/cores.py (the one parser
+of MLSL_TF_COMM_CORE, itself standard library only; the package's __init__ imports nothing).
 launch.py imports it as a module for the status-file names and readers.
 
 On every rank it:
@@ -28,9 +29,10 @@ On every rank it:
     non-zero (the command's code, or 128 + signal number);
   * with MLSL_TF_COMM_CORE set (mlslrun --comm-core), starts the command with a CPU
     affinity that leaves out the communication cores, so TensorFlow's thread pools (sized
-    from the affinity mask, inherited by every thread) stay off them.  mlsl_tf's background
-    thread still pins itself to its core: Linux affinity is per thread and may name any
-    core of the cgroup's cpuset, whatever mask the thread inherited.
+    from the affinity mask, inherited by every thread) stay off them.  mlsl_tf's init()
+    still pins the background thread to its core (the same rule, mlsl_tf/cores.py): Linux
+    affinity is per thread and may name any core of the cgroup's cpuset, whatever mask the
+    thread inherited.
 """
 
 import argparse
@@ -47,12 +49,16 @@ import threading
 import time
 from typing import BinaryIO, Callable, Mapping, Optional, Sequence
 
+if not __package__:  # run by file path (every rank): the package's parent dir, for mlsl_tf.cores
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from mlsl_tf import cores  # noqa: E402 - standard library only
+
 _STARTED_BY = os.getppid()  # as early as possible: the parent may die while this file loads
 
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK")
 # MPICH/Intel MPI hydra, Open MPI, SLURM: this process's rank among the ranks of its host.
 LOCAL_RANK_ENV_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-COMM_CORE_ENV = "MLSL_TF_COMM_CORE"
+COMM_CORE_ENV = cores.SETTING
 # Where the command's mlsl_tf records an uncaught exception (mlsl_tf/basics.py reads it).
 FAILURE_FILE_ENV = "MLSL_TF_FAILURE_FILE"
 FORWARDED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -148,24 +154,7 @@ def find_local_rank(environ: Mapping[str, str]) -> Optional[int]:
     return None
 
 
-def parse_core_list(spec: str) -> list[int]:
-    """[3] for "3", [2, 3] for "2,3"; raises ValueError naming the bad entry."""
-    cores = []
-    for item in spec.split(","):
-        item = item.strip()
-        if not item.isdigit():
-            raise ValueError(f"{COMM_CORE_ENV}={spec!r}: {item!r} is not a core number")
-        cores.append(int(item))
-    return cores
-
-
-def comm_core_for(cores: Sequence[int], local_rank: int) -> int:
-    """The core of local rank ``local_rank``: the (local_rank mod n)-th entry, the rule the
-    core's runtime applies when it pins its background thread (ops/core/runtime.cc)."""
-    return cores[local_rank % len(cores)]
-
-
-def worker_cpus(allowed: set[int], cores: Sequence[int], mine: int) -> tuple[Optional[set[int]], Optional[str]]:
+def worker_cpus(allowed: set[int], comm_cores: Sequence[int], mine: int) -> tuple[Optional[set[int]], Optional[str]]:
     """(CPUs for the command, None) or (None, why the affinity is left alone).
 
     Leaves out every listed communication core it can (other local ranks' background threads
@@ -173,7 +162,7 @@ def worker_cpus(allowed: set[int], cores: Sequence[int], mine: int) -> tuple[Opt
     if mine not in allowed:
         return None, (f"comm core {mine} is not among this rank's cores {_cpu_list(allowed)}; "
                       "the affinity is left as it is")
-    rest = allowed - set(cores)
+    rest = allowed - set(comm_cores)
     if not rest:
         rest = allowed - {mine}
     if not rest:
@@ -189,11 +178,10 @@ def _cpu_list(cpus: set[int]) -> str:
 def affinity_plan(environ: Mapping[str, str], allowed: set[int]) -> tuple[Optional[set[int]], Optional[str]]:
     """What to do for MLSL_TF_COMM_CORE in ``environ``: (CPUs for the command or None, a
     warning or None).  No setting: (None, None)."""
-    spec = environ.get(COMM_CORE_ENV, "")
-    if not spec:
-        return None, None
     try:
-        cores = parse_core_list(spec)
+        comm_cores = cores.parse(environ.get(COMM_CORE_ENV, ""))
+        if not comm_cores:
+            return None, None
         local_rank = find_local_rank(environ)
     except ValueError as e:
         return None, f"{e}; the affinity is left as it is"
@@ -202,7 +190,7 @@ def affinity_plan(environ: Mapping[str, str], allowed: set[int]) -> tuple[Option
     if local_rank is None:
         return None, (f"{COMM_CORE_ENV} is set but none of {', '.join(LOCAL_RANK_ENV_VARS)} is, so this "
                       "rank's comm core is unknown; the affinity is left as it is")
-    return worker_cpus(allowed, cores, comm_core_for(cores, local_rank))
+    return worker_cpus(allowed, comm_cores, cores.core_for(comm_cores, local_rank))
 
 
 def rank_dir_name(rank: int, num_proc: Optional[int]) -> str:

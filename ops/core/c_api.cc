@@ -23,9 +23,11 @@ Handle& TheHandle() {
 }
 
 thread_local std::string t_last_error;
+thread_local StatusCode t_last_code = StatusCode::kOk;
 
-int Fail(const std::string& message) {
+int Fail(const std::string& message, StatusCode code = StatusCode::kFailedPrecondition) {
   t_last_error = message;
+  t_last_code = code;
   return -1;
 }
 
@@ -89,7 +91,7 @@ int ChangeGroups(OpType op, std::vector<int> ranks, int id) {
   r->done = [status](const Status& s) { status->set_value(s); };
   rt->Submit(std::move(r));
   Status s = finished.get();
-  if (!s.ok()) return Fail(s.message());
+  if (!s.ok()) return Fail(s.message(), s.code());
   return *result;
 }
 
@@ -153,6 +155,7 @@ extern "C" int mlsl_tf_exit_failing(void) {
   return 0;
 }
 extern "C" const char* mlsl_tf_last_error(void) { return mlsl::t_last_error.c_str(); }
+extern "C" int mlsl_tf_last_error_code(void) { return int(mlsl::t_last_code); }
 
 extern "C" const char* mlsl_tf_stats_json(void) {
   static thread_local std::string json;
@@ -181,6 +184,13 @@ extern "C" int mlsl_tf_start_timeline(const char* path, int mark_cycles, int* os
     return -2;
   }
   return 0;
+}
+
+extern "C" int mlsl_tf_pin_background_thread(int core) {
+  auto rt = mlsl::CurrentRuntime();
+  if (!rt) return mlsl::Fail("mlsl_tf has not been initialised: call mlsl_tf.init() first");
+  mlsl::Status s = rt->PinBackgroundThread(core);
+  return s.ok() ? 0 : mlsl::Fail(s.message(), s.code());
 }
 
 extern "C" int mlsl_tf_stop_timeline(void) {

@@ -29,11 +29,17 @@ int mlsl_tf_mpi_threads_supported(void);
 // ranks), so the launcher sees this rank end now and stops the job.
 int mlsl_tf_exit_failing(void);
 const char* mlsl_tf_last_error(void);
+// The StatusCode (ops/core/status.h) of that failure: 5 (kUnavailable) when a peer rank's end
+// caused it; failures outside a collective (init, use before init) give 2 (kFailedPrecondition).
+int mlsl_tf_last_error_code(void);
 // The runtime's counters as JSON; null (with last_error) before init.
 const char* mlsl_tf_stats_json(void);
 
 // Results of started collectives not yet taken (deferred updates); 0 before init.
 int mlsl_tf_parked(void);
+// Pins the background thread to CPU `core` (init() passes MLSL_TF_COMM_CORE's core for this
+// local rank; the core never reads that setting itself).
+int mlsl_tf_pin_background_thread(int core);
 
 // Groups. Collective over every rank, in the same order everywhere. add_group returns the new
 // group's id (>= 1; 0 is the world) or -1; remove_group returns 0 or -1.

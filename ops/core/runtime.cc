@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 
 #include "logging.h"
 #include "settings.h"
@@ -41,20 +42,6 @@ SchedulerOptions OptionsFromSettings() {
   o.fusion_threshold = SettingInt("MLSL_TF_FUSION_THRESHOLD");
   o.fifo = SettingString("MLSL_TF_PRIORITY") == "fifo";
   return o;
-}
-
-// "3" or "2,3": the core of this rank is the (local_rank mod n)-th entry.
-int CommCoreFor(const std::string& spec, int local_rank) {
-  std::vector<int> cores;
-  size_t pos = 0;
-  while (pos < spec.size()) {
-    size_t comma = spec.find(',', pos);
-    std::string item = spec.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
-    if (!item.empty()) cores.push_back(std::atoi(item.c_str()));
-    if (comma == std::string::npos) break;
-    pos = comma + 1;
-  }
-  return cores.empty() ? -1 : cores[local_rank % cores.size()];
 }
 
 DataType WireFromSettings() {
@@ -145,16 +132,18 @@ Runtime::~Runtime() { Shutdown(); }
 void Runtime::Submit(std::unique_ptr<Request> request) {
   stats_.Submitted();
   std::string refused;
+  StatusCode code = StatusCode::kAborted;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (closed_reason_.empty() && !stop_requested_) {
       incoming_.push_back(std::move(request));
     } else {
       refused = closed_reason_.empty() ? "mlsl_tf is shutting down" : closed_reason_;
+      if (!closed_reason_.empty()) code = closed_code_;
     }
   }
   if (!refused.empty()) {
-    request->done(Status::Aborted(refused + " (collective '" + ShownName(request->name) + "' was not run)"));
+    request->done(Status::WithCode(code, refused + " (collective '" + ShownName(request->name) + "' was not run)"));
     return;
   }
   cv_.notify_one();
@@ -169,20 +158,16 @@ void Runtime::Shutdown() {
   if (thread_.joinable()) thread_.join();
 }
 
-void Runtime::PinToCommCore() {
-  std::string spec = SettingString("MLSL_TF_COMM_CORE");
-  if (spec.empty()) return;
-  int core = CommCoreFor(spec, topology_.local_rank);
+Status Runtime::PinBackgroundThread(int core) {
+  const std::string what = "could not pin the background thread to core " + std::to_string(core);
+  if (core < 0 || core >= CPU_SETSIZE) return Status::InvalidArgument(what + ": no such core");
   cpu_set_t set;
   CPU_ZERO(&set);
   CPU_SET(core, &set);
-  int rc = core < 0 ? -1 : pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
-  if (rc != 0) {
-    Log(LogLevel::kWarning, "could not pin the background thread to core " + std::to_string(core) +
-                                " (MLSL_TF_COMM_CORE=" + spec + ")");
-  } else {
-    Log(LogLevel::kInfo, "background thread pinned to core " + std::to_string(core));
-  }
+  int rc = pthread_setaffinity_np(thread_.native_handle(), sizeof(set), &set);
+  if (rc != 0) return Status::Internal(what + ": " + std::strerror(rc));
+  Log(LogLevel::kInfo, "background thread pinned to core " + std::to_string(core));
+  return Status::Ok();
 }
 
 void Runtime::RaisePriority() {
@@ -202,7 +187,6 @@ void Runtime::RaisePriority() {
 void Runtime::Loop() {
   pthread_setname_np(pthread_self(), "mlsl_tf_comm");  // as `top -H` and /proc show it
   SetLogRank(rank_);
-  PinToCommCore();
   RaisePriority();
   {
     // The control message gets its own communicator: MPI runs the collectives of one
@@ -387,7 +371,7 @@ bool Runtime::Cycle(bool* progress) {
     return true;
   });
   if (!s.ok()) {
-    Close("mlsl_tf: the background cycle failed: " + s.message());
+    Close("mlsl_tf: the background cycle failed: " + s.message(), StatusCode::kUnavailable);
     return false;
   }
 
@@ -401,7 +385,7 @@ bool Runtime::Cycle(bool* progress) {
   for (int r = 0; r < size_; ++r) if (r != rank_ && !TestBit(bits, shut_at, r)) gone.push_back(r);
   if (!gone.empty()) {
     Close(std::string("mlsl_tf: rank") + (gone.size() > 1 ? "s " : " ") + RankList(gone) +
-          " shut down, so collectives can no longer complete");
+          " shut down, so collectives can no longer complete", StatusCode::kUnavailable);
     return false;
   }
   if (stopping) {
@@ -660,15 +644,16 @@ void Runtime::FinishJoin(int last_rank) {
   r->done(s);
 }
 
-void Runtime::Close(const std::string& reason) {
+void Runtime::Close(const std::string& reason, StatusCode code) {
   std::deque<std::unique_ptr<Request>> incoming;
   {
     std::lock_guard<std::mutex> lock(mu_);
     closed_reason_ = reason;
+    closed_code_ = code;
     incoming.swap(incoming_);
   }
   for (auto& g : groups_) {
-    if (g->member()) g->scheduler->FailAll(Status::Aborted(reason + " (the collective did not complete)"));
+    if (g->member()) g->scheduler->FailAll(Status::WithCode(code, reason + " (the collective did not complete)"));
   }
   std::vector<std::unique_ptr<Request>> failed;
   for (auto& r : incoming) failed.push_back(std::move(r));
@@ -677,7 +662,7 @@ void Runtime::Close(const std::string& reason) {
   if (join_) failed.push_back(std::move(join_));
   for (auto& r : failed) {
     std::string what = r->op == OpType::kJoin ? "join" : "collective '" + ShownName(r->name) + "'";
-    r->done(Status::Aborted(reason + " (" + what + " did not complete)"));
+    r->done(Status::WithCode(code, reason + " (" + what + " did not complete)"));
   }
 }
 

@@ -75,6 +75,10 @@ class Runtime {
   std::string StartTimeline(const std::string& path, bool mark_cycles, int* os_error = nullptr);
   void StopTimeline();
 
+  // Pins the background thread to CPU `core` (MLSL_TF_COMM_CORE, which Python parses and
+  // resolves for this local rank: mlsl_tf/cores.py).
+  Status PinBackgroundThread(int core);
+
   int rank() const { return rank_; }
   int size() const { return size_; }
   Topology topology() const { return topology_; }
@@ -131,7 +135,6 @@ class Runtime {
   // Runs an agreed add_group / remove_group (every rank, same cycle, same order).
   void ChangeGroups(const RequestMeta& meta, Request* mine);
   bool Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
-  void PinToCommCore();
   void RaisePriority();  // MLSL_TF_COMM_NICE
   void Finish(const std::string& name, const Status& s);
   // Eager allreduces (eager.h): whether a request is of a kind and size that may ride in the
@@ -157,7 +160,8 @@ class Runtime {
   void ApplyTimelineChange(TimelineChange* change);
   void EndTimeline();                           // the background thread is ending
   // Refuses future submissions with `reason` and fails everything pending with it.
-  void Close(const std::string& reason);
+  // kUnavailable when a peer's end closes it (Python tells that from a failure of its own).
+  void Close(const std::string& reason, StatusCode code = StatusCode::kAborted);
   // Whether this rank has a request due for a stall warning / past the stall shutdown time.
   void StallFlags(bool* warn, bool* shut) const;
   // Every rank's waiting requests gathered (all ranks call it in the same cycle): warns about
@@ -186,6 +190,7 @@ class Runtime {
   std::deque<std::unique_ptr<Request>> incoming_;
   bool stop_requested_ = false;
   std::string closed_reason_;  // non-empty once closed: new requests fail with it
+  StatusCode closed_code_ = StatusCode::kAborted;  // ... and this code
   TimelineChange* timeline_change_ = nullptr;  // waiting for the background thread
   std::condition_variable timeline_cv_;        // a change was applied
   bool loop_ended_ = false;                    // the background thread no longer writes the timeline

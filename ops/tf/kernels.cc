@@ -4,6 +4,7 @@
 #include <memory>
 #include <string>
 
+#include "absl/strings/cord.h"
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/log_memory.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -23,15 +24,26 @@ using tensorflow::TensorShape;
 
 namespace {
 
-tensorflow::Status ToTf(const mlsl::Status& s) {
+tensorflow::Status ToTfClass(const mlsl::Status& s) {
   switch (s.code()) {
     case mlsl::StatusCode::kOk: return tensorflow::Status();
     case mlsl::StatusCode::kInvalidArgument: return tensorflow::errors::InvalidArgument(s.message());
     case mlsl::StatusCode::kFailedPrecondition: return tensorflow::errors::FailedPrecondition(s.message());
     case mlsl::StatusCode::kAborted: return tensorflow::errors::Aborted(s.message());
     case mlsl::StatusCode::kInternal: return tensorflow::errors::Internal(s.message());
+    // A peer's end stays AbortedError, as in Horovod (TensorFlow turns an UnavailableError of a
+    // non-communication op into an InternalError inside tf.function); the payload tells it apart.
+    case mlsl::StatusCode::kUnavailable: return tensorflow::errors::Aborted(s.message());
   }
   return tensorflow::errors::Unknown(s.message());
+}
+
+// The core's StatusCode rides along as a payload (Python: OpError.experimental_payloads).
+tensorflow::Status ToTf(const mlsl::Status& s) {
+  tensorflow::Status t = ToTfClass(s);
+  const std::string code = std::to_string(int(s.code()));
+  if (!s.ok()) t.SetPayload(mlsl::kStatusCodePayload, absl::Cord(absl::string_view(code)));
+  return t;
 }
 
 bool ToCore(tensorflow::DataType t, mlsl::DataType* out) {

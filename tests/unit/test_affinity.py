@@ -51,13 +51,13 @@ def test_fewer_cores_than_ranks_binds_nothing():
     cores = affinity.physical_cores({0, 1}, lambda cpu: (0, cpu))
     assert affinity.share(cores, 0, 3) is None
     for ranks in (3, 4):
-        cpus, why = affinity.plan("auto", 0, ranks, "", {0, 1}, {0, 1}, lambda cpu: (0, cpu))
+        cpus, why = affinity.plan("auto", 0, ranks, [], {0, 1}, {0, 1}, lambda cpu: (0, cpu))
         assert cpus is None and f"{ranks} ranks on 2 physical cores" in why
 
 
-def plan(setting="auto", local_rank=1, local_size=2, comm_core="", current=frozenset(range(4)),
+def plan(setting="auto", local_rank=1, local_size=2, comm_cores=(), current=frozenset(range(4)),
          allowed=frozenset(range(4))):
-    return affinity.plan(setting, local_rank, local_size, comm_core, current, allowed, lambda cpu: (0, cpu))
+    return affinity.plan(setting, local_rank, local_size, list(comm_cores), current, allowed, lambda cpu: (0, cpu))
 
 
 def test_an_unbound_rank_gets_its_block():
@@ -66,7 +66,7 @@ def test_an_unbound_rank_gets_its_block():
 
 @pytest.mark.parametrize("kwargs,reason", [
     (dict(setting="none"), "MLSL_TF_BIND=none"),
-    (dict(comm_core="3"), "MLSL_TF_COMM_CORE"),
+    (dict(comm_cores=[3]), "MLSL_TF_COMM_CORE"),
     (dict(local_rank=0, local_size=1), "one rank on this machine"),
     (dict(current=frozenset({2, 3})), "the launcher bound this rank already"),
 ])
@@ -123,7 +123,7 @@ def test_init_binds_every_thread_of_each_rank_as_planned(tmp_path, ranks):
     # as an unbound launcher starts it
     masks = job_masks(tmp_path, {}, preexec=lambda: os.sched_setaffinity(0, allowed), ranks=ranks)
     for rank in range(ranks):
-        want, why = affinity.plan("auto", rank, ranks, "", allowed, allowed, affinity.core_of)
+        want, why = affinity.plan("auto", rank, ranks, [], allowed, allowed, affinity.core_of)
         assert masks[rank] == [want or allowed], f"rank {rank}: threads on {masks[rank]}, want {want} ({why})"
     cores = affinity.physical_cores(allowed, affinity.core_of)
     if len(cores) >= ranks:  # each rank its own cores

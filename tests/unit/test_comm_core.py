@@ -7,6 +7,7 @@ import sys
 
 import pytest
 
+from mlsl_tf import cores
 from mlsl_tf.runner import task
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -14,17 +15,33 @@ ALLOWED = set(os.sched_getaffinity(0))
 
 
 def test_parse_core_list():
-    assert task.parse_core_list("3") == [3]
-    assert task.parse_core_list("2,3") == [2, 3]
+    assert cores.parse("3") == [3]
+    assert cores.parse("2,3") == [2, 3]
+    assert cores.parse(" 2, 3 ") == [2, 3]
+    assert cores.parse("") == [] and cores.parse("  ") == []
     with pytest.raises(ValueError, match="'x' is not a core number"):
-        task.parse_core_list("2,x")
+        cores.parse("2,x")
     with pytest.raises(ValueError, match="MLSL_TF_COMM_CORE='1,,2'"):
-        task.parse_core_list("1,,2")
+        cores.parse("1,,2")
+    for bad in ("1,", "-1", "+3", "3.0"):
+        with pytest.raises(ValueError, match="is not a core number"):
+            cores.parse(bad)
 
 
 def test_comm_core_for_follows_local_rank_mod_n():
-    assert [task.comm_core_for([2, 3], r) for r in range(4)] == [2, 3, 2, 3]
-    assert task.comm_core_for([5], 7) == 5
+    assert [cores.core_for([2, 3], r) for r in range(4)] == [2, 3, 2, 3]
+    assert cores.core_for([5], 7) == 5
+    assert cores.core_for([], 0) is None
+
+
+def test_mlslrun_and_the_rank_wrapper_use_the_one_parser():
+    from mlsl_tf.runner import rank_env
+    flag = next(f for f in rank_env.ENV_FLAGS if f.env_var == cores.SETTING)
+    assert flag.convert(" 2, 3") == "2,3"
+    for bad in ("1,,2", "", "x"):
+        with pytest.raises(ValueError):
+            flag.convert(bad)
+    assert task.COMM_CORE_ENV == cores.SETTING
 
 
 def test_find_local_rank():

@@ -291,11 +291,15 @@ TEST(peer_shutdown_fails_pending_requests) {
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
   r1.Shutdown();
   Result res = Get(f);
-  CHECK(res.status.code() == StatusCode::kAborted);
+  CHECK(res.status.code() == StatusCode::kUnavailable);  // a peer's end, told apart from our own shutdown
   CHECK_CONTAINS(res.status.message(), "rank 1 shut down");
   CHECK_CONTAINS(res.status.message(), "'never'");
   auto g = Submit(r0, Allreduce("later", Input(x, {1}), DataType::kFloat32));
-  CHECK_CONTAINS(Get(g).status.message(), "rank 1 shut down");
+  Result later = Get(g);
+  CHECK(later.status.code() == StatusCode::kUnavailable);
+  CHECK_CONTAINS(later.status.message(), "rank 1 shut down");
+  auto own = Submit(r1, Allreduce("after_own_shutdown", Input(x, {1}), DataType::kFloat32));
+  CHECK(Get(own).status.code() == StatusCode::kAborted);  // this rank's own shutdown
   r0.Shutdown();
 }
 
