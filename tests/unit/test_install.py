@@ -96,10 +96,12 @@ def test_pip_install_with_no_flags_into_a_fresh_venv(tmp_path):
     script = ("import mlsl_tf as hvd, tensorflow as tf; hvd.init(); "
               "s = hvd.allreduce(tf.constant([1.0 + hvd.rank(), 3.0]), op=hvd.Sum, name='installed'); "
               "print('RESULT', hvd.rank(), hvd.size(), hvd.__file__, s.numpy().tolist(), flush=True)")
-    run = subprocess.run([str(tmp_path / "venv" / "bin" / "mlslrun"), "--verbose", "--no-tag-output", "-np", "2",
+    run = subprocess.run([str(tmp_path / "venv" / "bin" / "mlslrun"), "--verbose", "-np", "2",
                           str(python), "-c", script], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
-    results = sorted(line.split(" ", 4)[1:] for line in run.stdout.splitlines() if line.startswith("RESULT "))
+    # Tagged output ("[R]<stdout>:" per line, the default): the two ranks' lines never interleave.
+    results = sorted(line.split("RESULT ", 1)[1].split(" ", 3) for line in run.stdout.splitlines()
+                     if "<stdout>:RESULT " in line)
     assert results == [["0", "2", str(package / "__init__.py"), "[3.0, 6.0]"],
                        ["1", "2", str(package / "__init__.py"), "[3.0, 6.0]"]], run.stdout
     assert build_info["mpiexec"] in run.stdout + run.stderr  # the --verbose command line

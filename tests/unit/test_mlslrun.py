@@ -344,10 +344,12 @@ def test_task_without_rank_env_is_an_error():
     assert r.returncode == 2 and "PMI_RANK" in r.stderr
 
 
-def test_task_does_not_import_mlsl_tf(tmp_path):
+def test_task_imports_only_the_core_list_parser(tmp_path):
+    """The rank wrapper starts before TensorFlow: of the package it loads the lazy __init__ and cores.py only."""
     code = ("import runpy, sys; sys.argv = ['task.py', '--', 'true']; "
             f"runpy.run_path({task.__file__!r}, run_name='not_main'); "
-            "assert 'mlsl_tf' not in sys.modules and 'tensorflow' not in sys.modules")
+            "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('mlsl_tf', 'tensorflow')); "
+            "assert loaded == ['mlsl_tf', 'mlsl_tf.cores'], loaded")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
