@@ -509,8 +509,8 @@ Status CheckWorld(bool initialised_by_us) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
   MPI_Get_library_version(version, &len);
-  std::string library(version, len);
-  library = library.substr(0, library.find_first_of("\r\n"));
+  std::string library(version, len);  // Open MPI counts the terminating NUL in len
+  library = library.substr(0, library.find_first_of(std::string("\r\n\0", 3)));
   return CheckLauncherWorld(size, [](const char* name) { return std::getenv(name); }, library);
 }
 

@@ -60,7 +60,8 @@ def test_mlslrun_job_under_open_mpi():
                sys.executable, "-c", RANK_REPORT], env)
     assert out.returncode == 0, out.stdout + out.stderr
     assert re.search(r"mlslrun: openmpi launcher: \S*mpirun\.openmpi --allow-run-as-root -np 2 "
-                     r"--oversubscribe --bind-to none --map-by slot --mca btl \^openib", out.stdout), out.stdout
+                     r"--oversubscribe --bind-to none --map-by slot --mca btl '\^openib' -x MPI4PY_MPIABI=openmpi ",
+                     out.stdout), out.stdout
     reports = sorted((json.loads(m) for m in re.findall(r"REPORT (\{.*?\})", out.stdout)), key=lambda r: r["rank"])
     assert [r["rank"] for r in reports] == [0, 1], out.stdout + out.stderr
     ncpu = len(os.sched_getaffinity(0))
@@ -98,4 +99,4 @@ def test_mpich_library_under_open_mpi_fails_fast():
     assert out.returncode != 0
     assert "REPORT" not in out.stdout
     assert "PMIx" in out.stdout + out.stderr, out.stdout + out.stderr
-    assert re.search(r"mlslrun: job failed: rank \d", out.stderr), out.stderr
+    assert re.search(r"mlslrun: rank \d \(host [^)]*\) exited with code", out.stderr), out.stderr
