@@ -100,3 +100,21 @@ def test_mpich_library_under_open_mpi_fails_fast():
     assert "REPORT" not in out.stdout
     assert "PMIx" in out.stdout + out.stderr, out.stdout + out.stderr
     assert re.search(r"mlslrun: rank \d \(host [^)]*\) exited with code", out.stderr), out.stderr
+
+
+def test_mlslrun_hosts_command_line_is_accepted_by_open_mpi():
+    """With -H, mlslrun names its whole environment with -x (for ranks on other hosts); Open MPI
+    accepts that command line and ranks get -x values. Per-job state (SLURM_*) is not named; the
+    ranks here still inherit it from mpirun, as local ranks do."""
+    env = clean_env(MLSL_TF_MPIEXEC=OMPI_MPIRUN, MLSL_OMPI_PROBE="from mlslrun's environment",
+                    SLURM_NODEID="7")
+    program = ("import os\nprint('PROBE', os.environ['OMPI_COMM_WORLD_RANK'], os.environ.get('MLSL_OMPI_PROBE'), "
+               "os.environ.get('EXPLICIT'), os.environ.get('SLURM_NODEID'), flush=True)")
+    out = run([sys.executable, "-m", "mlsl_tf.runner", "--verbose", "--no-tag-output", "-np", "2",
+               "-H", "localhost:2", "-x", "EXPLICIT=a b", sys.executable, "-c", program], env)
+    assert out.returncode == 0, out.stdout + out.stderr
+    command = next(line for line in out.stdout.splitlines() if line.startswith("mlslrun: openmpi launcher:"))
+    assert " -H localhost:2 " in command and " -x MLSL_OMPI_PROBE " in command and " -x PATH " in command
+    assert "SLURM_NODEID" not in command
+    assert sorted(re.findall(r"^PROBE \d .*", out.stdout, re.M)) == [
+        "PROBE 0 from mlslrun's environment a b 7", "PROBE 1 from mlslrun's environment a b 7"]
