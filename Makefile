@@ -156,6 +156,69 @@ test-ssh: venv lib
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y openssh-server openssh-client; fi
 	PYTHONPATH=$(CURDIR) timeout -k 30 600 $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/ssh
 
+# Open MPI (Debian's packages): the ops built against it in $(OMPI_DIR) (its own objects and
+# _mlsl_tf.so; the default MPICH build in build/obj and mlsl_tf/_mlsl_tf.so is untouched),
+# selected at run time by MLSL_TF_LIBRARY; the multi-rank test files at 2 ranks under its mpirun
+# (through mlslrun, so its Open MPI command line is what runs: mlslrun also sets MPI4PY_MPIABI=openmpi,
+# which makes the venv's mpi4py wheel load its Open MPI extension). Not part of `make test`; see
+# docs/openmpi.md.
+OMPI_DIR    ?= build/openmpi
+OMPI_MPICXX ?= mpicxx.openmpi
+OMPI_MPIRUN ?= mpirun.openmpi
+OMPI_NP     ?= 2
+OMPI_TESTS  ?= $(wildcard tests/mpi/test_*.py)
+OMPI_OBJ    := $(patsubst ops/%.cc,$(OMPI_DIR)/obj/%.o,$(CORE_SRC) $(MPI_SRC) $(TF_SRC))
+OMPI_LIB    := $(OMPI_DIR)/_mlsl_tf.so
+.PHONY: openmpi-install openmpi-lib test-openmpi
+
+# Installs Debian's Open MPI when its compiler wrapper or launcher is missing (root, non-interactive).
+openmpi-install:
+	@if command -v $(OMPI_MPICXX) >/dev/null && command -v $(OMPI_MPIRUN) >/dev/null; then \
+	  echo "Open MPI: $$(command -v $(OMPI_MPIRUN)) ($$($(OMPI_MPIRUN) --version 2>&1 | head -1))"; \
+	else \
+	  echo "Open MPI: $(OMPI_MPICXX) or $(OMPI_MPIRUN) missing: apt-get update; apt-get install -y openmpi-bin libopenmpi-dev (waiting up to 10 min for the dpkg lock)"; \
+	  apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q -o DPkg::Lock::Timeout=600 openmpi-bin libopenmpi-dev; \
+	fi
+
+# Same sources and flags as the default build; the toolchain file records Open MPI's wrapper
+# command and TensorFlow's flags, so another Open MPI or TensorFlow rebuilds the objects.
+$(OMPI_DIR)/toolchain.txt: FORCE | openmpi-install
+	@mkdir -p $(OMPI_DIR)
+	@{ $(OMPI_MPICXX) --showme; printf '%s\n' '$(TF_CFLAGS)' '$(TF_LFLAGS)'; } > $@.new
+	@if cmp -s $@.new $@; then rm $@.new; else mv $@.new $@; echo "Open MPI toolchain changed: rebuilding $(OMPI_DIR)"; fi
+
+$(OMPI_DIR)/obj/core/reduce.o: CXXSTD += -O3
+
+$(OMPI_DIR)/obj/core/%.o: ops/core/%.cc $(HEADERS) $(OMPI_DIR)/toolchain.txt
+	@mkdir -p $(dir $@)
+	$(OMPI_MPICXX) $(CXXSTD) -DOMPI_SKIP_MPICXX=1 -c $< -o $@
+
+$(OMPI_DIR)/obj/tf/%.o: ops/tf/%.cc $(HEADERS) $(OMPI_DIR)/toolchain.txt
+	@mkdir -p $(dir $@)
+	@test -n "$(TF_CFLAGS)" || (echo "TensorFlow is not importable by $(PYTHON)"; exit 1)
+	$(OMPI_MPICXX) $(CXXSTD) -DOMPI_SKIP_MPICXX=1 $(TF_CFLAGS) -Iops -c $< -o $@
+
+$(OMPI_LIB): $(OMPI_OBJ)
+	$(OMPI_MPICXX) $(CXXSTD) -shared $(OMPI_OBJ) -o $@ $(TF_LFLAGS)
+
+openmpi-lib: $(OMPI_LIB)
+
+# The tests/mpi files through mlslrun (which then runs Open MPI's mpirun), tests/openmpi (this
+# job as mlsl_tf and mpi4py see it; one MPI's library under the other's launcher fails), the digits
+# example. Each run under its own timeout; the first failure stops the target.
+OMPI_ENV = PYTHONPATH=$(CURDIR) MLSL_TF_MPIEXEC=$(OMPI_MPIRUN) MLSL_TF_LIBRARY=$(CURDIR)/$(OMPI_LIB)
+test-openmpi: venv openmpi-lib
+	@set -e; for f in $(OMPI_TESTS); do \
+	  echo "== mlslrun (Open MPI) -np $(OMPI_NP) $$f"; \
+	  $(OMPI_ENV) timeout $(TIMEOUT) $(PYTHON) -m mlsl_tf.runner -np $(OMPI_NP) \
+	    $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
+	done; \
+	echo "== tests/openmpi"; \
+	$(OMPI_ENV) timeout $(TIMEOUT) $(PYTHON) -m pytest -q -p no:cacheprovider tests/openmpi; \
+	echo "== mlslrun (Open MPI) -np 2 examples/keras_digits.py"; \
+	$(OMPI_ENV) timeout $(TIMEOUT) $(PYTHON) -m mlsl_tf.runner --verbose -np 2 $(PYTHON) examples/keras_digits.py
+	@echo "Open MPI: all test files passed"
+
 example: venv lib
 	PYTHONPATH=$(CURDIR) $(PYTHON) -m mlsl_tf.runner -np 2 $(PYTHON) examples/keras_digits.py
 

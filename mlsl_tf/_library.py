@@ -17,11 +17,17 @@ class NotInitializedError(ValueError):
 UNAVAILABLE = 5
 STATUS_CODE_PAYLOAD = "mlsl_tf.status_code"
 
-
-LIBRARY_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_mlsl_tf.so")
+# The library is the package's own, unless MLSL_TF_LIBRARY names another build of the same
+# sources (e.g. build/openmpi/_mlsl_tf.so from `make openmpi-lib`, compiled against Open MPI).
+LIBRARY_ENV = "MLSL_TF_LIBRARY"
+PACKAGE_LIBRARY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_mlsl_tf.so")
+LIBRARY_PATH = os.path.abspath(os.environ[LIBRARY_ENV]) if os.environ.get(LIBRARY_ENV) else PACKAGE_LIBRARY
 
 
 def _check_built():
+    if LIBRARY_PATH != PACKAGE_LIBRARY and not os.path.isfile(LIBRARY_PATH):
+        raise ImportError(f"{LIBRARY_ENV}={os.environ.get(LIBRARY_ENV)}: no such library file "
+                          f"({LIBRARY_PATH}); unset it to use the package's own {PACKAGE_LIBRARY}")
     if not os.path.exists(LIBRARY_PATH):
         raise ImportError(
             f"mlsl_tf's compiled ops are missing ({LIBRARY_PATH}); build them with `make lib` "

@@ -1,7 +1,7 @@
 """mlslrun: find the MPI, build its command line (argv.py, launchers.py) and run it.
 
 The I/O half of the launcher.  main() parses the command line, finds
-mpiexec (next to this Python first, then on PATH) or srun, asks
+mpiexec (the one MLSL_TF_MPIEXEC names, else next to this Python, then on PATH) or srun, asks
 ``mpiexec --version`` which MPI it is, runs the launcher without a shell,
 forwards SIGINT/SIGTERM to it and returns its exit status.  The launcher gets
 SIGKILL from Linux if mlslrun dies, even by SIGKILL (PR_SET_PDEATHSIG): its
@@ -63,6 +63,24 @@ def _err(message: str) -> None:
 
 # ---------------------------------------------------------------------------
 # Finding the launcher.
+
+
+# Names the MPI launcher to use (a path, or a name looked up on PATH), e.g. mpirun.openmpi beside
+# a venv whose mpiexec is PyPI's MPICH; mlslrun asks it which MPI it is and runs it as given.
+MPIEXEC_ENV = "MLSL_TF_MPIEXEC"
+
+
+def chosen_mpiexec(environ: Mapping[str, str], path: Optional[str] = None) -> Optional[str]:
+    """The launcher MLSL_TF_MPIEXEC names (resolved on ``path``), None when it is unset;
+    raises RuntimeError when it names no executable."""
+    chosen = environ.get(MPIEXEC_ENV, "")
+    if not chosen:
+        return None
+    found = shutil.which(chosen, path=path)
+    if found is None:
+        raise RuntimeError(f"{MPIEXEC_ENV}={chosen}: no such executable"
+                           + ("" if os.sep in chosen else " on PATH"))
+    return found
 
 
 # Written by `pip install` (setup.py): the MPI the installed library was built against.
@@ -418,15 +436,18 @@ def _launcher(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[Flavour, str]
         if srun is None:
             raise RuntimeError("--launcher srun: srun is not on PATH")
         return "slurm", srun
-    mpiexec = find_mpiexec()
+    chosen = chosen_mpiexec(environ, environ.get("PATH"))
+    mpiexec = chosen or find_mpiexec()
     if mpiexec is None:
         raise RuntimeError(f"no mpiexec next to {sys.executable} or on PATH; install MPI "
-                           "(e.g. pip install mpich) or use --launcher srun")
+                           f"(e.g. pip install mpich), set {MPIEXEC_ENV} or use --launcher srun")
     try:
         flavour = detect_flavour(mpi_version_text(mpiexec))
     except (OSError, subprocess.SubprocessError, ValueError) as e:
         raise RuntimeError(f"{mpiexec}: {e}") from None
-    return flavour, flavour_program(flavour, mpiexec)
+    # A launcher named by MLSL_TF_MPIEXEC runs as given: its directory may hold another MPI's
+    # mpirun (Debian's /usr/bin/mpirun is whichever MPI the alternatives system chose).
+    return flavour, chosen or flavour_program(flavour, mpiexec)
 
 
 def plan_argv(cfg: RunConfig, environ: Mapping[str, str],

@@ -11,7 +11,7 @@ from typing import Callable, Literal, Mapping, Optional, Sequence
 
 from mlsl_tf.runner.config import HostSlots, LauncherChoice, RunConfig, UsageError
 from mlsl_tf.runner.hosts import allocate, check_slots, format_hosts
-from mlsl_tf.runner.rank_env import resolve_env
+from mlsl_tf.runner.rank_env import forwarded_names, resolve_env
 from mlsl_tf.runner.ssh import SshOptions, rsh_args_text
 
 # MPI flavours mlslrun can drive; "slurm" means srun, whatever MPI is inside.
@@ -37,6 +37,8 @@ class LaunchPlan:
     rank_command: tuple[str, ...]
     ssh: SshOptions = SshOptions()
     ssh_exec: Optional[str] = None
+    # The names set in mlslrun's environment (for launchers that do not forward it all).
+    environ_names: tuple[str, ...] = ()
 
 
 # ---------------------------------------------------------------------------
@@ -121,7 +123,8 @@ def make_plan(cfg: RunConfig, program: str, hosts: Optional[Sequence[HostSlots]]
         alloc = allocate(cfg.num_proc, hosts)
     return LaunchPlan(program=program, num_proc=cfg.num_proc, hosts=alloc,
                       env=resolve_env(cfg, environ), mpi_args=cfg.mpi_args,
-                      rank_command=tuple(rank_cmd), ssh=ssh_options(cfg), ssh_exec=ssh_exec)
+                      rank_command=tuple(rank_cmd), ssh=ssh_options(cfg), ssh_exec=ssh_exec,
+                      environ_names=tuple(sorted(environ)))
 
 
 # ---------------------------------------------------------------------------
@@ -167,20 +170,55 @@ def build_mpich_argv(plan: LaunchPlan) -> list[str]:
     return argv + [*plan.mpi_args, "-n", str(plan.num_proc), *plan.rank_command]
 
 
-def build_openmpi_argv(plan: LaunchPlan) -> list[str]:
-    """Open MPI: ``mpirun --allow-run-as-root -np N [-H h:n,...] --bind-to none --map-by slot
-    -x V=X... cmd``.
+# Open MPI's MCA parameters mlslrun sets unless the user chose them (--mpi-args '--mca P V'
+# or OMPI_MCA_P in the environment: Open MPI would join a second value to ours with a comma).
+# The openib BTL is left out: deprecated for UCX, it does not support MPI_THREAD_MULTIPLE, which
+# mlsl_tf's background thread asks for, and it warns about fork() (Horovod leaves it out too).
+OPENMPI_MCA_DEFAULTS: tuple[tuple[str, str], ...] = (("btl", "^openib"),)
+# mpi4py >= 4 wheels carry one extension per MPI ABI and pick one by these variables, else by
+# the first libmpi they find (the venv's MPICH from PyPI): under Open MPI's mpirun that rank
+# would run as a singleton, so mlslrun names Open MPI's unless the user set either.
+MPI4PY_ABI_VARS = ("MPI4PY_MPIABI", "MPI4PY_LIBMPI")
 
-    No binding, so the runtime may pin its progress thread itself; ranks fill
-    hosts slot by slot, and root (containers, CI) may launch, as with horovodrun.
+
+def _mca_params_chosen(mpi_args: Sequence[str], environ_names: Sequence[str]) -> set[str]:
+    """The MCA parameters set by ``--mca P V`` (or -mca/--gmca) in mpi_args or OMPI_MCA_P."""
+    chosen = {n[len("OMPI_MCA_"):] for n in environ_names if n.startswith("OMPI_MCA_")}
+    chosen.update(mpi_args[i + 1] for i, word in enumerate(mpi_args[:-1])
+                  if word in ("--mca", "-mca", "--gmca", "-gmca"))
+    return chosen
+
+
+def build_openmpi_argv(plan: LaunchPlan) -> list[str]:
+    """Open MPI: ``mpirun --allow-run-as-root -np N [-H h:n,...] --oversubscribe --bind-to none
+    --map-by slot [--mca btl ^openib] [-x NAME]... [-x V=X]... [-x MPI4PY_MPIABI=openmpi]
+    [mpi args] cmd``.
+
+    Root may launch (containers, CI), as with horovodrun. --oversubscribe: without -H Open MPI
+    allows only one rank per core (hydra has no such limit; with -H the slots are exact
+    anyway). No binding: mlsl_tf's affinity (mlsl_tf/affinity.py) gives each local rank its
+    block of cores, as under hydra. With hosts, every variable of mlslrun's environment (but
+    forwarded_names' exclusions) is passed by name: Open MPI, unlike hydra, gives ranks on other
+    hosts only what -x names.
     """
     argv = [plan.program, "--allow-run-as-root", "-np", str(plan.num_proc)]
     if plan.hosts is not None:
         argv += ["-H", format_hosts(plan.hosts)]
-    argv += ["--bind-to", "none", "--map-by", "slot"]
+    argv += ["--oversubscribe", "--bind-to", "none", "--map-by", "slot"]
+    chosen = _mca_params_chosen(plan.mpi_args, plan.environ_names)
+    for param, value in OPENMPI_MCA_DEFAULTS:
+        if param not in chosen:
+            argv += ["--mca", param, value]
+    explicit = {name for name, _ in plan.env}
+    if plan.hosts is not None:
+        for name in forwarded_names(plan.environ_names):
+            if name not in explicit:
+                argv += ["-x", name]
     argv += _openmpi_ssh_args(plan)
     for name, value in plan.env:
         argv += ["-x", f"{name}={value}"]
+    if not explicit.intersection(MPI4PY_ABI_VARS) and not set(plan.environ_names).intersection(MPI4PY_ABI_VARS):
+        argv += ["-x", "MPI4PY_MPIABI=openmpi"]
     return argv + [*plan.mpi_args, *plan.rank_command]
 
 

@@ -6,7 +6,7 @@ Pure functions of their arguments: no file access, no subprocess, no reading of
 
 import dataclasses
 import re
-from typing import Callable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from mlsl_tf import cores
 from mlsl_tf.runner.config import EnvSpec, RunConfig, UsageError
@@ -121,6 +121,20 @@ def resolve_env(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[tuple[str, 
     if cfg.start_timeout is not None:
         pairs[START_TIMEOUT_ENV] = format_seconds(cfg.start_timeout)
     return tuple(pairs.items())
+
+
+# What a launcher must not copy from mlslrun's environment to the ranks: MPI's, the launchers'
+# and SLURM's per-job and per-host state (each rank gets its own), exported shell functions,
+# the shell's own bookkeeping, and GPU assignment (Horovod's exclusions, plus the launchers').
+_NOT_FORWARDED = re.compile(r"(OMPI_|PMIX_|PMI_|ORTE_|OPAL_|HYDRA_|MPIEXEC_|I_MPI_HYDRA_|SLURM_|BASH_FUNC_)"
+                            r"|(PWD|OLDPWD|SHLVL|_|HOSTNAME|MPI_LOCALRANKID|MPI_LOCALNRANKS)\Z"
+                            r"|.*CUDA_VISIBLE_DEVICES\Z")
+
+
+def forwarded_names(names: Iterable[str]) -> tuple[str, ...]:
+    """Of the environment's variable ``names``, those a launcher that does not forward the
+    environment itself (Open MPI, to other hosts) is told to pass on, sorted."""
+    return tuple(sorted(n for n in names if _ENV_NAME.match(n) and not _NOT_FORWARDED.match(n)))
 
 
 def missing_env(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[str, ...]:

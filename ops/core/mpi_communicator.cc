@@ -12,6 +12,7 @@
 
 #include "half.h"
 #include "memory.h"
+#include "mpi_checks.h"
 #include "reduce.h"
 #include "settings.h"
 
@@ -496,6 +497,23 @@ class MpiCommunicator : public Communicator {
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>(4, size_t(1) << 30);
 };
 
+// The thread level and the launcher's world (mpi_checks.h), before any communication.
+Status CheckWorld(bool initialised_by_us) {
+  ThreadLevel level = g_thread_level == MPI_THREAD_MULTIPLE     ? ThreadLevel::kMultiple
+                      : g_thread_level == MPI_THREAD_SERIALIZED ? ThreadLevel::kSerialized
+                      : g_thread_level == MPI_THREAD_FUNNELED   ? ThreadLevel::kFunneled
+                                                                : ThreadLevel::kSingle;
+  Status s = CheckThreadLevel(level, initialised_by_us);
+  if (!s.ok()) return s;
+  int size = 0, len = 0;
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  char version[MPI_MAX_LIBRARY_VERSION_STRING] = {0};
+  MPI_Get_library_version(version, &len);
+  std::string library(version, len);  // Open MPI counts the terminating NUL in len
+  library = library.substr(0, library.find_first_of(std::string("\r\n\0", 3)));
+  return CheckLauncherWorld(size, [](const char* name) { return std::getenv(name); }, library);
+}
+
 }  // namespace
 
 Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
@@ -510,6 +528,8 @@ Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
   } else {
     MPI_Query_thread(&g_thread_level);
   }
+  Status world = CheckWorld(!initialised);
+  if (!world.ok()) return world;
   MPI_Comm comm;
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Comm_dup", rc));

@@ -127,19 +127,80 @@ def test_np_more_than_hostfile_slots_is_an_error():
 # ---------------------------------------------------------------- Open MPI
 
 
+OMPI_COMMON = ["--oversubscribe", "--bind-to", "none", "--map-by", "slot", "--mca", "btl", "^openib"]
+
+
 def test_openmpi_local():
     argv = build_launch_argv("openmpi", plan_for(["-np", "2", "python"], program="mpirun"))
-    assert argv == ["mpirun", "--allow-run-as-root", "-np", "2", "--bind-to", "none", "--map-by", "slot",
-                    *rank_cmd("python")]
+    assert argv == ["mpirun", "--allow-run-as-root", "-np", "2", *OMPI_COMMON,
+                    "-x", "MPI4PY_MPIABI=openmpi", *rank_cmd("python")]
+
+
+def test_openmpi_local_does_not_list_the_environment():
+    """Ranks on this machine inherit mpirun's environment: nothing to forward by name."""
+    plan = plan_for(["-np", "3", "python"], program="mpirun", environ={"PATH": "/bin", "HOME": "/root"})
+    assert build_launch_argv("openmpi", plan) == [
+        "mpirun", "--allow-run-as-root", "-np", "3", *OMPI_COMMON,
+        "-x", "MPI4PY_MPIABI=openmpi", *rank_cmd("python", np=3)]
 
 
 def test_openmpi_hosts_env_and_mpi_args():
     plan = plan_for(["-np", "4", "-H", "a:2,b:2", "-x", "FOO=a b", "-x", "PATH",
-                     "--mpi-args", "--oversubscribe", "python"],
+                     "--mpi-args", "--report-bindings", "python"],
                     program="mpirun", environ={"PATH": "/bin"})
     assert build_launch_argv("openmpi", plan) == [
-        "mpirun", "--allow-run-as-root", "-np", "4", "-H", "a:2,b:2", "--bind-to", "none", "--map-by", "slot",
-        "-x", "FOO=a b", "-x", "PATH=/bin", "--oversubscribe", *rank_cmd("python", np=4)]
+        "mpirun", "--allow-run-as-root", "-np", "4", "-H", "a:2,b:2", *OMPI_COMMON,
+        "-x", "FOO=a b", "-x", "PATH=/bin", "-x", "MPI4PY_MPIABI=openmpi", "--report-bindings",
+        *rank_cmd("python", np=4)]
+
+
+def test_openmpi_hosts_forward_the_environment_by_name():
+    """Open MPI gives ranks on other hosts only the variables -x names (hydra passes them all):
+    with hosts every variable is named, except per-job, per-host and launcher state."""
+    environ = {"PATH": "/bin", "PYTHONPATH": "/src", "LD_LIBRARY_PATH": "/lib", "MLSL_TF_CHUNK_BYTES": "9",
+               "OMPI_COMM_WORLD_RANK": "0", "OMPI_MCA_plm_rsh_agent": "ssh", "PMI_RANK": "1",
+               "PMIX_RANK": "0", "SLURM_NODEID": "3", "HYDRA_PROXY_PORT": "1", "MPI_LOCALRANKID": "0",
+               "BASH_FUNC_f%%": "() { :; }", "HOSTNAME": "h0", "PWD": "/x", "OLDPWD": "/y", "SHLVL": "2",
+               "_": "/usr/bin/mlslrun", "CUDA_VISIBLE_DEVICES": "0", "bad-name": "1", "HOME": "/root"}
+    plan = plan_for(["-np", "2", "-H", "a:1,b:1", "-x", "PATH=/opt/bin", "python"],
+                    program="mpirun", environ=environ)
+    argv = build_launch_argv("openmpi", plan)
+    named = [argv[i + 1] for i, w in enumerate(argv) if w == "-x"]
+    assert named == ["HOME", "LD_LIBRARY_PATH", "MLSL_TF_CHUNK_BYTES", "PYTHONPATH",
+                     "PATH=/opt/bin", "MPI4PY_MPIABI=openmpi"]
+
+
+@pytest.mark.parametrize("mpi_args,environ", [
+    ("--mca btl self,vader,tcp", {}),
+    ("-mca btl tcp,self", {}),
+    ("--gmca btl tcp,self", {}),
+    ("", {"OMPI_MCA_btl": "tcp,self"}),
+])
+def test_openmpi_user_btl_choice_replaces_ours(mpi_args, environ):
+    """Open MPI joins two values of one MCA parameter with a comma ('^openib,tcp' is an error):
+    a btl the user chose replaces mlslrun's."""
+    args = ["-np", "2"] + (["--mpi-args", mpi_args] if mpi_args else []) + ["python"]
+    argv = build_launch_argv("openmpi", plan_for(args, program="mpirun", environ=environ))
+    assert "^openib" not in argv
+    assert argv.count("btl") == (1 if mpi_args else 0)
+
+
+def test_openmpi_other_mca_params_keep_our_btl_choice():
+    argv = build_launch_argv("openmpi", plan_for(["-np", "2", "--mpi-args", "--mca pml ob1", "python"],
+                                                 program="mpirun", environ={"OMPI_MCA_pml": "ob1"}))
+    assert argv[argv.index("^openib") - 2:argv.index("^openib") + 1] == ["--mca", "btl", "^openib"]
+
+
+@pytest.mark.parametrize("args,environ", [
+    (["-x", "MPI4PY_MPIABI=mpich"], {}),
+    (["-x", "MPI4PY_LIBMPI=/opt/ompi/lib/libmpi.so"], {}),
+    ([], {"MPI4PY_MPIABI": "openmpi"}),
+    ([], {"MPI4PY_LIBMPI": "libmpi.so.40"}),
+])
+def test_openmpi_user_mpi4py_choice_is_kept(args, environ):
+    argv = build_launch_argv("openmpi", plan_for(["-np", "2", *args, "python"], program="mpirun",
+                                                 environ=environ))
+    assert "MPI4PY_MPIABI=openmpi" not in argv
 
 
 # ---------------------------------------------------------------- Intel MPI

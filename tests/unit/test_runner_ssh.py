@@ -86,8 +86,8 @@ def test_open_mpi_gets_plm_rsh_args():
     args = ["-np", "2", "-H", "a:1,b:1", "--ssh-port", "2222", "--ssh-identity-file", KEY, "python", "t.py"]
     assert not needs_ssh_exec("openmpi", parse_args(args))
     argv = build_launch_argv("openmpi", plan_for(args, program="mpirun"))
-    i = argv.index("--mca")
-    assert argv[i:i + 3] == ["--mca", "plm_rsh_args", f"-o BatchMode=yes -p 2222 -i {KEY}"]
+    i = argv.index("plm_rsh_args")
+    assert argv[i - 1:i + 2] == ["--mca", "plm_rsh_args", f"-o BatchMode=yes -p 2222 -i {KEY}"]
     assert argv[-len(RANK):] == RANK
     port_only = build_launch_argv("openmpi", plan_for(["-np", "2", "-p", "2200", "python", "t.py"], program="mpirun"))
     assert "-o BatchMode=yes -p 2200" in port_only
