@@ -5,7 +5,11 @@
 #   make lib         compile ops/ into mlsl_tf/_mlsl_tf.so against the installed TF and MPI
 #                    (on every core unless -j is given; `pip install .` runs it: docs/install.md)
 #   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
-#   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks)
+#   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks),
+#                    and test-ssh
+#   make test-ssh    mlslrun through ssh between emulated hosts (root: namespaces, sshd; docs/ssh.md)
+#   make test-openmpi  Debian's Open MPI: the ops built against it (build/openmpi), tests/mpi at 2
+#                    ranks under its mpirun (not part of make test, ~25 min; docs/openmpi.md)
 #   make example     train the digits CNN on 2 ranks
 #   make sim         build/mlsl_sim, the simulator of N-node training (no TensorFlow, no MPI)
 #   make stress      long soak, large inputs and the fault matrix (not part of make test)
@@ -130,7 +134,7 @@ test-mpi: venv lib
 	  timeout $(TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
 	done
 
-test: venv core-tests lib test-unit test-mpi
+test: venv core-tests lib test-unit test-mpi test-ssh
 	@echo "all test suites passed"
 
 horovod-suite: venv lib
