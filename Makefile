@@ -94,11 +94,18 @@ $(LIB): $(OBJ)
 lib:
 	@$(MAKE) --no-print-directory $$($(PARALLEL)) $(LIB)
 
-build/core_tests: $(CORE_SRC) $(TEST_SRC) $(HEADERS)
-	@mkdir -p build
-	$(CXX) $(CXXSTD) -O3 -Wextra -Iops/core $(CORE_SRC) $(TEST_SRC) -o $@
+# The C++ tests: one object per source, compiled in parallel like the library (build/testobj).
+TEST_OBJ := $(patsubst ops/%.cc,build/testobj/%.o,$(CORE_SRC) $(TEST_SRC))
 
-core-tests: build/core_tests
+build/testobj/%.o: ops/%.cc $(HEADERS) $(wildcard ops/core/tests/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXSTD) -O3 -Wextra -Iops/core -c $< -o $@
+
+build/core_tests: $(TEST_OBJ)
+	$(CXX) $(CXXSTD) $(TEST_OBJ) -o $@
+
+core-tests:
+	@$(MAKE) --no-print-directory $$($(PARALLEL)) build/core_tests
 	timeout 300 build/core_tests
 
 # The simulator (ops/core/sim/) over the core, compiled without MPI or TensorFlow.

@@ -113,7 +113,6 @@ def run_worker(ns, build_model, model_spec):
 def _custom_loop(tf, strategy, keras, ns, build_model, batch, workers, index):
     """The tutorial's loop: a distributed dataset of per-replica batches, strategy.run of a step
     that averages the loss over the global batch, under one tf.function (traced once)."""
-    import cpu_cost
     global_batch = batch * workers
     with strategy.scope():
         keras.utils.set_random_seed(1234)
@@ -149,15 +148,7 @@ def _custom_loop(tf, strategy, keras, ns, build_model, batch, workers, index):
 
     def timed(warmup, steps):
         run_steps(warmup)
-        barrier(tf, strategy)
-        cpu_before, kernel_before = cpu_cost.thread_cpu(), cpu_cost.kernel_cpu()
-        start = time.perf_counter()
-        ends = run_steps(steps)
-        cpu = cpu_cost.per_step(cpu_cost.thread_cpu(), cpu_before, steps)
-        kernel = cpu_cost.per_step(cpu_cost.kernel_cpu(), kernel_before, steps)
-        times = [b - a for a, b in zip([start] + ends[:-1], ends)]
-        return times, cpu, kernel, int(sum(int(tf.size(v)) for v in model.trainable_variables)), \
-            float(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in model.trainable_variables))
+        return _measure(tf, strategy, model, steps, lambda: run_steps(steps))
     return timed
 
 
@@ -165,7 +156,6 @@ def _fit_tf_keras(tf, strategy, keras, ns, build_model, batch, workers, index):
     """tf_keras model.fit under the strategy: the global batch in a dataset MWMS splits per worker."""
     import numpy as np
 
-    import cpu_cost
     global_batch = batch * workers
     with strategy.scope():
         keras.utils.set_random_seed(1234)
@@ -179,13 +169,25 @@ def _fit_tf_keras(tf, strategy, keras, ns, build_model, batch, workers, index):
         model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0)
         ends = []
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(time.perf_counter()))
-        barrier(tf, strategy)
-        cpu_before, kernel_before = cpu_cost.thread_cpu(), cpu_cost.kernel_cpu()
-        start = time.perf_counter()
-        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
-        cpu = cpu_cost.per_step(cpu_cost.thread_cpu(), cpu_before, steps)
-        kernel = cpu_cost.per_step(cpu_cost.kernel_cpu(), kernel_before, steps)
-        times = [b - a for a, b in zip([start] + ends[:-1], ends)]
-        return times, cpu, kernel, int(sum(int(tf.size(v)) for v in model.trainable_variables)), \
-            float(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in model.trainable_variables))
+
+        def fit():
+            model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
+            return ends
+        return _measure(tf, strategy, model, steps, fit)
     return timed
+
+
+def _measure(tf, strategy, model, steps, run):
+    """After a barrier, times `run()` (which runs `steps` steps and returns their end times):
+    the per-step times, CPU per step by thread, the kernel's CPU per step, the parameter count
+    and the weights' sum (to compare workers)."""
+    import cpu_cost
+    barrier(tf, strategy)
+    cpu_before, kernel_before = cpu_cost.thread_cpu(), cpu_cost.kernel_cpu()
+    start = time.perf_counter()
+    ends = run()
+    cpu = cpu_cost.per_step(cpu_cost.thread_cpu(), cpu_before, steps)
+    kernel = cpu_cost.per_step(cpu_cost.kernel_cpu(), kernel_before, steps)
+    times = [b - a for a, b in zip([start] + ends[:-1], ends)]
+    return times, cpu, kernel, int(sum(int(tf.size(v)) for v in model.trainable_variables)), \
+        float(sum(float(tf.reduce_sum(tf.cast(v, tf.float64))) for v in model.trainable_variables))
