@@ -1,6 +1,6 @@
 """Emulated hosts on one machine: one network namespace per host, each with a veth link into a
 bridge (in a namespace of its own) and an address 10.77.0.(h+1)/24 on its eth0, whose egress is
-limited with tc tbf -- so every host has its own link rate, as on a cluster (DESIGN.md,
+limited with tc tbf -- so every host has its own link rate, as on a cluster (docs/design.md,
 "Measuring it here"). Ranks are put into their host's namespace by a shim placed in front of
 the rank's command, so the job is still launched the usual way (mlslrun, mpiexec):
 

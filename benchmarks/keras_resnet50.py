@@ -33,7 +33,7 @@ def horovod_problem(python):
     """None when `python` can run Horovod's TensorFlow API with an mpiexec, else why not."""
     if not python:
         return "no Horovod venv given (--horovod-python or $HOROVOD_PYTHON); Horovod 0.28.1 does not build " \
-               "against TensorFlow 2.21, see DESIGN.md for the TensorFlow 2.15 venv"
+               "against TensorFlow 2.21, see benchmarks/README.md for the TensorFlow 2.15 venv"
     if not os.access(python, os.X_OK):
         return f"{python} is not an executable interpreter"
     if not netlink.mpiexec_next_to(python):

@@ -1,6 +1,6 @@
 """Emulate a cluster link on one machine: run a command inside a private network namespace whose
 loopback is rate-limited with tc tbf, with MPICH forced onto TCP so its traffic crosses that
-loopback instead of shared memory (DESIGN.md, "Measuring it here"). Needs root (ip netns, tc).
+loopback instead of shared memory (docs/design.md, "Measuring it here"). Needs root (ip netns, tc).
 
     python benchmarks/netlink.py --rate 2gbit -- mpiexec -n 2 python x.py
 

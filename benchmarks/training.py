@@ -414,7 +414,7 @@ def orchestrate(ns):
     for c in ns.configs:
         if c in HOROVOD_CONFIGS and not ns.horovod_python:
             print(json.dumps({"config": c, "skipped": True,
-                              "reason": "no --horovod-python given (a venv with Horovod 0.28.1, DESIGN.md)"}), flush=True)
+                              "reason": "no --horovod-python given (a venv with Horovod 0.28.1, benchmarks/README.md)"}), flush=True)
     results = {}  # (model, link, config) -> [rows]
     jobs_started = 0
     timeline_path = None

@@ -1,4 +1,4 @@
-// Runtime: the request table, the negotiation and the background cycle of DESIGN.md.
+// Runtime: the request table, the negotiation and the background cycle (docs/design.md).
 //
 // One background thread owns the communicator (and so MPI): only it starts or tests
 // communication, which keeps the order of collectives identical on every rank and needs no
