@@ -102,6 +102,10 @@ void Scheduler::Insert(std::unique_ptr<Work> w) {
   queue_.insert(at, std::move(w));
 }
 
+std::vector<std::unique_ptr<Scheduler::Work>>::iterator Scheduler::Queued(const Work* w) {
+  return std::find_if(queue_.begin(), queue_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; });
+}
+
 void Scheduler::Fuse(Work* head) {
   // Error feedback is never fused: the rank that reduces an element keeps its output residual,
   // and in a fused buffer which rank that is depends on what else was ready at the time. A
@@ -110,7 +114,7 @@ void Scheduler::Fuse(Work* head) {
       head->meta.error_feedback)
     return;
   int64_t bytes = head->bytes();
-  auto self = std::find_if(queue_.begin(), queue_.end(), [head](const std::unique_ptr<Work>& a) { return a.get() == head; });
+  auto self = Queued(head);
   for (auto it = self + 1; it != queue_.end();) {
     Work* w = it->get();
     if (w->prepared || !SameKind(head->meta, w->meta) || w->meta.error_feedback ||
@@ -310,7 +314,7 @@ void Scheduler::StartPiece(Work* w) {
   w->outstanding++;
   inflight_.push_back(std::move(unit));
   if (w->algo->started_all()) {
-    auto it = std::find_if(queue_.begin(), queue_.end(), [w](const std::unique_ptr<Work>& a) { return a.get() == w; });
+    auto it = Queued(w);
     active_.push_back(std::move(*it));
     queue_.erase(it);
   }
@@ -322,8 +326,7 @@ void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint6
     Work* head = Startable(joined, common_done);
     if (!head) break;
     if (!head->piecewise && !head->chunked) {
-      auto it = std::find_if(queue_.begin(), queue_.end(),
-                             [head](const std::unique_ptr<Work>& a) { return a.get() == head; });
+      auto it = Queued(head);
       std::unique_ptr<Work> w = std::move(*it);
       queue_.erase(it);
       RunWhole(std::move(w), joined);
@@ -347,8 +350,7 @@ void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint6
     }
     StartChunk(head);
     if (head->next == head->total) {
-      auto it = std::find_if(queue_.begin(), queue_.end(),
-                             [head](const std::unique_ptr<Work>& a) { return a.get() == head; });
+      auto it = Queued(head);
       active_.push_back(std::move(*it));
       queue_.erase(it);
     }

@@ -84,6 +84,8 @@ class Scheduler {
 
   Clock::time_point Now() const { return options_.clock ? options_.clock->Now() : Clock::now(); }
   void Insert(std::unique_ptr<Work> w);
+  // Where `w` stands in queue_ (it must be there).
+  std::vector<std::unique_ptr<Work>>::iterator Queued(const Work* w);
   void Fuse(Work* head);
   void Prepare(Work* w);
   void StartChunk(Work* w);
