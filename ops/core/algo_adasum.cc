@@ -1,0 +1,236 @@
+// Adasum allreduce in pieces (adasum.h has the arithmetic). One vector runs as recursive vector
+// halving / distance doubling: at level d (distance 2^d) each rank swaps half of its segment with
+// its partner rank ^ 2^d (exchange pieces of at most `piece` bytes per peer), adds up the dot
+// products of the half it keeps as the pieces arrive (in element order, so the bits are those of
+// one pass), allgathers them (one piece: the sums of its block of 2^(d+1) ranks, added in rank
+// order), and combines the half. Distance halving then swaps the combined segments back until
+// every rank holds the whole. The number of pieces of each level comes from the element count
+// alone, so every rank cuts the same pieces, pairs with less to swap included. *sync marks the
+// last exchange piece of a level and its allgather: what follows reads their data.
+// A request's tensors run one after the other, each combined on its own; a joined rank
+// contributes zeros, which leave the other side of each pair as it is.
+#include <algorithm>
+#include <cstring>
+
+#include "adasum.h"
+#include "algorithm.h"
+#include "reduce.h"
+
+namespace mlsl {
+namespace {
+
+class AdasumVector : public Algorithm {
+ public:
+  AdasumVector(void* buf, int64_t count, DataType dtype, int rank, int size, int64_t piece)
+      : data_(static_cast<char*>(buf)), dtype_(dtype), esize_(int64_t(DataTypeSize(dtype))), rank_(rank) {
+    if (count == 0 || size <= 1) return;
+    e_ = std::max<int64_t>(1, piece / esize_);
+    int64_t offset = 0, mine = count;
+    for (int dist = 1; dist < size; dist <<= 1) {
+      Level l;
+      l.dist = dist;
+      l.left = (rank & dist) == 0;
+      const int64_t first = mine / 2;
+      l.keep_at = l.left ? offset : offset + first;
+      l.keep = l.left ? first : mine - first;
+      l.send_at = l.left ? offset + first : offset;
+      l.send = mine - l.keep;
+      levels_.push_back(l);
+      offset = l.keep_at;
+      mine = l.keep;
+    }
+    // No pair swaps more than ceil(count / 2^(d+1)) elements at level d: every rank knows it.
+    int64_t largest = count;
+    for (Level& l : levels_) {
+      largest = (largest + 1) / 2;
+      l.pieces = std::max<int64_t>(1, (largest + e_ - 1) / e_);
+    }
+    const int depth = int(levels_.size());
+    for (int d = 0; d < depth; ++d) {
+      for (int64_t j = 0; j < levels_[d].pieces; ++j) steps_.push_back({kDoubling, d, j, j + 1 == levels_[d].pieces});
+      steps_.push_back({kGather, d, 0, true});
+    }
+    for (int d = depth - 1; d >= 0; --d) {
+      for (int64_t j = 0; j < levels_[d].pieces; ++j) {
+        steps_.push_back({kHalving, d, j, d > 0 && j + 1 == levels_[d].pieces});
+      }
+    }
+    done_.assign(steps_.size(), false);
+  }
+  int64_t pieces() const { return int64_t(steps_.size()); }
+  bool started_all() const override { return next_ == int(steps_.size()); }
+  Status Next(Communicator* comm, std::unique_ptr<PendingOp>* op, bool* sync, int64_t* bytes) override {
+    const int index = next_++;
+    const Step& s = steps_[index];
+    const Level& l = levels_[s.level];
+    *sync = s.sync;
+    *bytes = 0;
+    if (s.kind == kGather) {
+      mine_sums_[0] = sums_[0];
+      mine_sums_[1] = sums_[1];
+      mine_sums_[2] = sums_[2];
+      all_sums_.assign(3 * size_t(comm->size()), 0.0);
+      *bytes = sizeof(mine_sums_);
+      *op = comm->Allgatherv(mine_sums_, all_sums_.data(), std::vector<int64_t>(comm->size(), sizeof(mine_sums_)));
+      return Status::Ok();
+    }
+    if (s.kind == kDoubling && s.piece == 0) {
+      recv_.resize(size_t(std::max<int64_t>(l.keep, 1) * esize_));
+      sums_[0] = sums_[1] = sums_[2] = 0;
+      dots_next_ = index;
+    }
+    // Doubling: send the half given away, receive the partner's copy of the half kept.
+    // Halving: send the combined segment kept, receive the partner's into the half given away.
+    const bool doubling = s.kind == kDoubling;
+    const int64_t send_at = doubling ? l.send_at : l.keep_at, send = doubling ? l.send : l.keep;
+    const int64_t recv_len = doubling ? l.keep : l.send;
+    char* recv = doubling ? recv_.data() : data_ + l.send_at * esize_;
+    int64_t out_at, out_len, in_at, in_len;
+    PieceRange(send, s.piece, e_, &out_at, &out_len);
+    PieceRange(recv_len, s.piece, e_, &in_at, &in_len);
+    const int partner = rank_ ^ l.dist;
+    std::vector<int64_t> out(comm->size(), 0), in(comm->size(), 0);
+    out[partner] = out_len * esize_;
+    in[partner] = in_len * esize_;
+    *bytes = out_len * esize_;
+    *op = comm->Alltoallv(data_ + (send_at + out_at) * esize_, out, recv + in_at * esize_, in);
+    return Status::Ok();
+  }
+  void PieceDone(int index) override {
+    if (index >= int(steps_.size())) return;
+    done_[index] = true;
+    const Step& s = steps_[index];
+    if (s.kind == kDoubling) {
+      AddDots();
+    } else if (s.kind == kGather) {
+      Combine(s.level);
+    }
+  }
+  Status Finish() override { return Status::Ok(); }
+
+ private:
+  enum Kind { kDoubling, kGather, kHalving };
+  struct Level {
+    int dist = 1;
+    bool left = true;
+    int64_t keep_at = 0, keep = 0, send_at = 0, send = 0, pieces = 1;
+  };
+  struct Step {
+    Kind kind;
+    int level;
+    int64_t piece;
+    bool sync;
+  };
+
+  // The dot products over the kept half grow by each exchange piece received, in piece order
+  // (pieces may complete out of order: the ones after a gap wait for it).
+  void AddDots() {
+    while (dots_next_ < int(steps_.size()) && steps_[dots_next_].kind == kDoubling && done_[dots_next_]) {
+      const Step& s = steps_[dots_next_++];
+      const Level& l = levels_[s.level];
+      int64_t at, len;
+      PieceRange(l.keep, s.piece, e_, &at, &len);
+      const char* own = data_ + (l.keep_at + at) * esize_;
+      const char* got = recv_.data() + at * esize_;
+      AdasumDots(l.left ? own : got, l.left ? got : own, len, dtype_, sums_);
+    }
+  }
+  // Level d's sums are here: the kept half becomes the combination of the pair's halves.
+  void Combine(int d) {
+    const Level& l = levels_[d];
+    const int block = 2 * l.dist, first = rank_ / block * block;
+    double sums[3] = {0, 0, 0};
+    for (int r = first; r < first + block; ++r) {
+      for (int k = 0; k < 3; ++k) sums[k] += all_sums_[3 * size_t(r) + k];
+    }
+    char* own = data_ + l.keep_at * esize_;
+    AdasumScaledAdd(own, l.left ? own : recv_.data(), l.left ? recv_.data() : own, l.keep, dtype_, sums);
+    if (d + 1 == int(levels_.size())) std::vector<char>().swap(recv_);  // halving receives in place
+  }
+
+  char* data_;
+  DataType dtype_;
+  int64_t esize_, e_ = 1;
+  int rank_;
+  std::vector<Level> levels_;
+  std::vector<Step> steps_;
+  std::vector<bool> done_;
+  int next_ = 0, dots_next_ = 0;
+  std::vector<char> recv_;
+  double sums_[3] = {0, 0, 0}, mine_sums_[3] = {0, 0, 0};
+  std::vector<double> all_sums_;
+};
+
+// A request: each tensor copied to its output and prescaled (zeros on a joined rank), combined
+// by its own AdasumVector after the previous tensor's pieces, and postscaled in Finish.
+class Adasum : public Algorithm {
+ public:
+  Adasum(const RequestMeta& m, Request* r, int rank, int size, int64_t piece)
+      : m_(m), r_(r), outs_(m.shapes.size()), scratch_(m.shapes.size()) {
+    const int64_t esize = int64_t(DataTypeSize(m.dtype));
+    for (size_t i = 0; i < m.shapes.size(); ++i) {
+      const int64_t count = NumElements(m.shapes[i]);
+      AllocOrScratch(r, int(i), m.shapes[i], size_t(count * esize), &scratch_[i], &error_, &outs_[i]);
+      if (r) {
+        if (count && outs_[i] != r->inputs[i].data) std::memcpy(outs_[i], r->inputs[i].data, count * esize);
+        ScaleInPlace(outs_[i], count, m.dtype, m.prescale);
+      } else {
+        std::memset(outs_[i], 0, size_t(count * esize));
+      }
+      vectors_.push_back(std::make_unique<AdasumVector>(outs_[i], count, m.dtype, rank, size, piece));
+      first_.push_back(total_);
+      total_ += vectors_.back()->pieces();
+    }
+    Skip();
+  }
+  bool started_all() const override { return current_ == vectors_.size(); }
+  Status Next(Communicator* comm, std::unique_ptr<PendingOp>* op, bool* sync, int64_t* bytes) override {
+    Status s = vectors_[current_]->Next(comm, op, sync, bytes);
+    Skip();
+    return s;
+  }
+  void PieceDone(int index) override {
+    size_t t = std::upper_bound(first_.begin(), first_.end(), int64_t(index)) - first_.begin() - 1;
+    vectors_[t]->PieceDone(int(index - first_[t]));
+  }
+  Status Finish() override {
+    if (error_.ok() && r_) {
+      for (size_t i = 0; i < outs_.size(); ++i) ScaleInPlace(outs_[i], NumElements(m_.shapes[i]), m_.dtype, m_.postscale);
+    }
+    return error_;
+  }
+
+ private:
+  void Skip() {
+    while (current_ < vectors_.size() && vectors_[current_]->started_all()) ++current_;
+  }
+
+  RequestMeta m_;
+  Request* r_;
+  std::vector<void*> outs_;
+  std::vector<std::vector<char>> scratch_;
+  std::vector<std::unique_ptr<AdasumVector>> vectors_;
+  std::vector<int64_t> first_;  // the request's index of each tensor's first piece
+  int64_t total_ = 0;
+  size_t current_ = 0;
+  Status error_;
+};
+
+}  // namespace
+
+std::unique_ptr<Algorithm> MakeAdasum(const RequestMeta& m, Request* r, int rank, int size, int64_t piece_bytes) {
+  Status s = CheckAdasumType(m.dtype);
+  if (s.ok()) s = CheckAdasumSize(size, "'" + m.name + "'");
+  if (!s.ok()) return MakeFailed(s);
+  return std::make_unique<Adasum>(m, r, rank, size, piece_bytes);
+}
+
+std::unique_ptr<Algorithm> MakeAdasumVector(void* buf, int64_t count, DataType dtype, int rank, int size,
+                                            int64_t piece_bytes) {
+  Status s = CheckAdasumType(dtype);
+  if (s.ok()) s = CheckAdasumSize(size, "the tensor");
+  if (!s.ok()) return MakeFailed(s);
+  return std::make_unique<AdasumVector>(buf, count, dtype, rank, size, std::max<int64_t>(piece_bytes, 1));
+}
+
+}  // namespace mlsl
