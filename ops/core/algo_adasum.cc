@@ -249,7 +249,9 @@ class Adasum : public Algorithm {
   }
   Status Finish() override {
     if (error_.ok() && r_) {
-      for (size_t i = 0; i < outs_.size(); ++i) ScaleInPlace(outs_[i], NumElements(m_.shapes[i]), m_.dtype, m_.postscale);
+      for (size_t i = 0; i < outs_.size(); ++i) {
+        ScaleInPlace(outs_[i], NumElements(m_.shapes[i]), m_.dtype, m_.postscale);
+      }
     }
     return error_;
   }
