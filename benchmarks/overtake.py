@@ -1,6 +1,7 @@
 """Overtaking: how long an urgent 4 KiB allreduce (priority 0) takes when it is issued while a big
-low-priority broadcast, allgather or alltoall is on the wire. One JSON line per rank and op, with
-the big collective's time, the urgent allreduce's time from its issue, and which finished first.
+low-priority broadcast, allgather, alltoall or Adasum allreduce is on the wire. One JSON line per
+rank and op, with the big collective's time, the urgent allreduce's time from its issue, and which
+finished first.
 
     python benchmarks/overtake.py --link 2gbit [--np 2] [--mib 128] [--delay-ms 30]
     mpiexec -n 2 python benchmarks/overtake.py            # as it is, e.g. on shared memory
@@ -20,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(1, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # mlsl_tf
 import netlink  # noqa: E402
 
-OPS = ("broadcast", "allgather", "alltoall")
+OPS = ("broadcast", "allgather", "alltoall", "adasum")  # adasum: a power-of-two --np
 
 
 def big_op(hvd, op, tensor):
@@ -28,6 +29,8 @@ def big_op(hvd, op, tensor):
         return hvd.broadcast(tensor, root_rank=0, name="big.broadcast", priority=100)
     if op == "allgather":
         return hvd.allgather(tensor, name="big.allgather", priority=100)
+    if op == "adasum":
+        return hvd.allreduce(tensor, name="big.adasum", op=hvd.Adasum, priority=100)
     return hvd.alltoall(tensor, name="big.alltoall", priority=100)
 
 
@@ -63,10 +66,11 @@ def ranks_main(ns):
     rows -= rows % n  # alltoall: an equal split
     big = tf.ones([rows, 1024], tf.float32)
     small = tf.fill([1024], float(hvd.rank()))  # 4 KiB
-    for op in OPS:  # warm: communicators, names, allocations
+    ops = ns.ops.split(",")
+    for op in ops:  # warm: communicators, names, allocations
         big_op(hvd, op, tf.ones([n * 2, 1024]))
         hvd.allreduce(small, name="urgent", priority=0)
-    for op in ns.ops.split(","):
+    for op in ops:
         for rep in range(ns.reps):
             big_s, urgent_s, first = measure(hvd, tf, op, big, small, ns.delay_ms / 1e3, rep)
             print(json.dumps({"rank": hvd.rank(), "size": n, "op": op, "rep": rep, "mib": ns.mib,

@@ -51,11 +51,16 @@ std::unique_ptr<Algorithm> MakeAlgorithm(const RequestMeta& m, Request* r, const
     case OpType::kAllgather: return MakeAllgather(m, r, rank, size, piece_bytes);
     case OpType::kAlltoall: return MakeAlltoall(m, r, rank, size, piece_bytes);
     case OpType::kReducescatter:
-      if (m.compressed()) return nullptr;  // WireReduceScatter, whole, in the Executor
+      if (m.compressed()) return MakeWireReducescatter(m, r, rank, size, piece_bytes);
       return MakeReducescatter(m, r, rank, size, piece_bytes);
     case OpType::kBarrier: return MakeBarrier();
-    default: return nullptr;
+    case OpType::kAllreduce:
+      if (m.reduce_op == ReduceOp::kAdasum) return MakeAdasum(m, r, rank, size, piece_bytes);
+      break;
+    default: break;
   }
+  // Other allreduces are the Scheduler's chunks; join and group changes the Runtime's own.
+  return MakeFailed(Status::Internal(std::string(OpTypeName(m.op)) + " is not run as an algorithm in pieces"));
 }
 
 void AllocOrScratch(Request* r, int index, const Shape& shape, size_t bytes, std::vector<char>* fallback,

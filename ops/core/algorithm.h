@@ -1,8 +1,10 @@
-// Algorithm: one agreed non-chunked collective (broadcast, allgather, alltoall, reducescatter,
-// barrier) as non-blocking work in pieces, each a bounded transfer of at most about piece_bytes
-// per peer, so the Scheduler can start an urgent request between two pieces. Every rank makes the
-// same pieces in the same order: their number and sizes come only from agreed facts (the meta,
-// the joined ranks, and the counts the first piece exchanged). One file per algorithm.
+// Algorithm: one agreed collective other than a (non-Adasum) allreduce -- broadcast, allgather,
+// alltoall, reducescatter (plain or over a 16-bit wire), an Adasum allreduce, barrier -- as
+// non-blocking work in pieces, each a bounded transfer of at most about piece_bytes per peer, so
+// the Scheduler can start an urgent request between two pieces; nothing runs whole and nothing
+// blocks (the other allreduces are the Scheduler's own chunks). Every rank makes the same pieces
+// in the same order: their number and sizes come only from agreed facts (the meta, the joined
+// ranks, and the counts the first piece exchanged). One file per algorithm.
 #pragma once
 
 #include <cstdint>
@@ -21,19 +23,22 @@ class Algorithm {
   // No piece is left to start.
   virtual bool started_all() const = 0;
   // Starts the next piece on comm. *sync: the piece after it may start only once this one has
-  // completed on every rank (it exchanges the counts later pieces are cut by). *bytes: what this
-  // rank moves. A failure to start is this rank's; the piece still counts as started.
+  // completed on every rank (it exchanges the counts later pieces are cut by, or data the next
+  // piece computes from: Adasum's levels). *bytes: what this rank moves. A failure to start is
+  // this rank's; the piece still counts as started.
   virtual Status Next(Communicator* comm, std::unique_ptr<PendingOp>* op, bool* sync, int64_t* bytes) = 0;
-  // Piece `index` (0-based, in start order) has completed here.
+  // Piece `index` (0-based, in start order) has completed here (pieces in flight together may
+  // complete in any order; a piece that failed is not reported).
   virtual void PieceDone(int index) = 0;
   // Every piece has completed: the outputs are made final (scaling). Returns the request's Status.
   virtual Status Finish() = 0;
 };
 
 // The algorithm of m's op, for a rank of `size` ranks (request null: this rank has joined and
-// contributes the identity, or no rows). Null for ops that are not cut in pieces (Adasum, a
-// compressed reducescatter): the Executor runs those whole. A collective that fails on agreed
-// facts (a joined broadcast root) gets an algorithm with no pieces whose Finish says why.
+// contributes the identity, or no rows). Never null: a collective that fails on agreed facts (a
+// joined broadcast root, Adasum over a rank count that is not a power of two, an op that is not
+// a collective of the Scheduler) gets an algorithm with no pieces whose Finish says why; one
+// with nothing to move (Adasum of one rank) gets no pieces and Finish makes its outputs.
 std::unique_ptr<Algorithm> MakeAlgorithm(const RequestMeta& m, Request* r, const std::vector<bool>& joined, int rank,
                                          int size, int64_t piece_bytes);
 
@@ -44,6 +49,14 @@ std::unique_ptr<Algorithm> MakeAllgather(const RequestMeta& m, Request* r, int r
 std::unique_ptr<Algorithm> MakeAlltoall(const RequestMeta& m, Request* r, int rank, int size, int64_t piece_bytes);
 std::unique_ptr<Algorithm> MakeReducescatter(const RequestMeta& m, Request* r, int rank, int size,
                                              int64_t piece_bytes);
+// Over a 16-bit wire (m.wire): algo_wire_reducescatter.cc.
+std::unique_ptr<Algorithm> MakeWireReducescatter(const RequestMeta& m, Request* r, int rank, int size,
+                                                 int64_t piece_bytes);
+// An Adasum allreduce, each of the request's tensors combined on its own (algo_adasum.cc).
+std::unique_ptr<Algorithm> MakeAdasum(const RequestMeta& m, Request* r, int rank, int size, int64_t piece_bytes);
+// Adasum of one buffer of `count` elements in place, the same on every rank of `size` (tests).
+std::unique_ptr<Algorithm> MakeAdasumVector(void* buf, int64_t count, DataType dtype, int rank, int size,
+                                            int64_t piece_bytes);
 std::unique_ptr<Algorithm> MakeBarrier();
 std::unique_ptr<Algorithm> MakeFailed(const Status& s);
 

@@ -36,7 +36,7 @@ struct Scheduler::Work {
   int outstanding = 0, chunks = 0;
   Status status;
   Clock::time_point first_start;
-  // Cut in pieces (broadcast, allgather, alltoall, reducescatter, barrier): made on first start.
+  // Cut in pieces (every collective but a chunked allreduce): the algorithm is made on first start.
   bool piecewise = false;
   std::unique_ptr<Algorithm> algo;
   uint64_t sync_seq = 0;  // with `synced` false: the unit that must complete everywhere first
@@ -68,8 +68,8 @@ bool SameKind(const RequestMeta& a, const RequestMeta& b) {
 
 }  // namespace
 
-Scheduler::Scheduler(Communicator* comm, Executor* executor, Timeline* timeline, Stats* stats, SchedulerOptions options)
-    : comm_(comm), executor_(executor), timeline_(timeline), stats_(stats), options_(options) {}
+Scheduler::Scheduler(Communicator* comm, Timeline* timeline, Stats* stats, SchedulerOptions options)
+    : comm_(comm), timeline_(timeline), stats_(stats), options_(options) {}
 
 Scheduler::~Scheduler() = default;
 
@@ -77,12 +77,10 @@ void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finis
   auto w = std::make_unique<Work>();
   w->meta = meta;
   w->order = agreed_++;
-  // Adasum runs whole in the Executor, never fused: its dot products are per tensor.
+  // Adasum runs in its own pieces, never fused: its dot products are per tensor.
   w->chunked = meta.op == OpType::kAllreduce && meta.reduce_op != ReduceOp::kAdasum;
   w->total = Elements(meta);
-  w->piecewise = !w->chunked && (meta.op == OpType::kBroadcast || meta.op == OpType::kAllgather ||
-                                 meta.op == OpType::kAlltoall || meta.op == OpType::kBarrier ||
-                                 (meta.op == OpType::kReducescatter && !meta.compressed()));
+  w->piecewise = !w->chunked;
   Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
   if (request && timeline_->enabled()) {
     timeline_->Span(meta.name, "negotiate", "negotiation", submitted, p.agreed);
@@ -248,24 +246,6 @@ Communicator* Scheduler::Slot(int i) {
   return slots_[i].get();
 }
 
-void Scheduler::RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined) {
-  uint64_t seq = started_++;
-  Part& p = w->parts[0];
-  auto start = Now();
-  if (p.request) {
-    stats_->Wait(w->meta.priority, std::chrono::duration<double>(start - p.agreed).count());
-    if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, start);
-  }
-  Status s = executor_->Execute(w->meta, p.request, joined);
-  if (timeline_->enabled() && p.request) {
-    const auto done = Now();
-    timeline_->Span(p.name, OpTypeName(w->meta.op), "collective", start, done);
-    timeline_->HorovodOp(p.name, OpTypeName(w->meta.op), p.agreed, start, done);
-  }
-  Complete(seq);
-  if (p.request) p.finish(s);
-}
-
 Scheduler::Work* Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_done) {
   for (size_t i = 0; i < queue_.size();) {
     Work* w = queue_[i].get();
@@ -280,7 +260,7 @@ Scheduler::Work* Scheduler::Startable(const std::vector<bool>& joined, uint64_t 
         stats_->Wait(w->meta.priority, std::chrono::duration<double>(w->first_start - p.agreed).count());
         if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, w->first_start);
       }
-      if (w->algo->started_all()) {  // failed on agreed facts: no piece at all
+      if (w->algo->started_all()) {  // failed on agreed facts, or nothing to move: no piece at all
         std::unique_ptr<Work> own = std::move(queue_[i]);
         queue_.erase(queue_.begin() + i);
         active_.push_back(std::move(own));
@@ -325,13 +305,6 @@ void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint6
   while (started_ < limit && !queue_.empty()) {
     Work* head = Startable(joined, common_done);
     if (!head) break;
-    if (!head->piecewise && !head->chunked) {
-      auto it = Queued(head);
-      std::unique_ptr<Work> w = std::move(*it);
-      queue_.erase(it);
-      RunWhole(std::move(w), joined);
-      continue;
-    }
     if (!head->prepared) {
       Fuse(head);
       Prepare(head);

@@ -4,12 +4,14 @@
 // under the fifo policy -- which is identical on every rank because it is built only from
 // agreed facts. Allreduces are cut into chunks of at most chunk_bytes; small allreduces of the
 // same kind are first fused into one buffer of at most fusion_threshold bytes, which takes
-// the most urgent priority of its parts. Every started chunk (or whole non-chunked
-// collective) is one "unit" with a sequence number. The runtime lets the scheduler start units
+// the most urgent priority of its parts. Every other collective (broadcast, allgather,
+// alltoall, reducescatter, Adasum, barrier) is an Algorithm cut in pieces (algorithm.h). Every
+// started chunk or piece is one "unit" with a sequence number; nothing runs whole and nothing
+// blocks the thread that calls the scheduler. The runtime lets the scheduler start units
 // only up to a limit that is common knowledge (units completed on every rank + inflight),
 // and the choice of the next unit is re-made from the queue each time -- so a newly agreed
-// urgent tensor overtakes the remaining chunks of a big one, and all ranks start the same
-// units in the same order. Every part finishes exactly once.
+// urgent tensor overtakes the remaining chunks or pieces of a big one, and all ranks start the
+// same units in the same order. Every part finishes exactly once.
 #pragma once
 
 #include <chrono>
@@ -23,7 +25,6 @@
 
 #include "algorithm.h"
 #include "communicator.h"
-#include "executor.h"
 #include "memory.h"
 #include "meta.h"
 #include "pacer.h"
@@ -34,6 +35,8 @@
 #include "wire.h"
 
 namespace mlsl {
+
+class Executor;  // transitional, see the second constructor
 
 // Filled from MLSL_TF_CHUNK_BYTES, MLSL_TF_INFLIGHT, MLSL_TF_FUSION_THRESHOLD, MLSL_TF_PRIORITY
 // (settings.cc holds the defaults).
@@ -52,7 +55,10 @@ class Scheduler {
   using Clock = std::chrono::steady_clock;
   using Finish = std::function<void(const Status&)>;
 
-  Scheduler(Communicator* comm, Executor* executor, Timeline* timeline, Stats* stats, SchedulerOptions options);
+  Scheduler(Communicator* comm, Timeline* timeline, Stats* stats, SchedulerOptions options);
+  // Transitional, for callers that still make an Executor (executor.h): it is not used.
+  Scheduler(Communicator* comm, Executor*, Timeline* timeline, Stats* stats, SchedulerOptions options)
+      : Scheduler(comm, timeline, stats, options) {}
   ~Scheduler();
 
   // Queues an agreed collective. `request` is null on a rank that has joined (it contributes
@@ -89,7 +95,6 @@ class Scheduler {
   void Fuse(Work* head);
   void Prepare(Work* w);
   void StartChunk(Work* w);
-  void RunWhole(std::unique_ptr<Work> w, const std::vector<bool>& joined);
   // The first queued work whose next unit may start now (null: none); makes algorithms.
   Work* Startable(const std::vector<bool>& joined, uint64_t common_done);
   // Starts the next piece of an algorithm's work (algorithm.h).
@@ -106,7 +111,6 @@ class Scheduler {
   Communicator* Slot(int i);
 
   Communicator* comm_;
-  Executor* executor_;
   Timeline* timeline_;
   Stats* stats_;
   const SchedulerOptions options_;

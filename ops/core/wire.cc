@@ -1,3 +1,5 @@
+// The 16-bit wire collectives (wire.h): the codec entry points, the two-step allreduce, and the
+// float32 reduction of received slices.
 #include "wire.h"
 
 #include <cmath>
@@ -54,8 +56,7 @@ std::vector<int64_t> Scaled(const std::vector<int64_t>& v, int64_t k) {
   return out;
 }
 
-// Step 1 (all-to-all of encoded slices) and the float32 reduction of this rank's slice; shared by
-// the allreduce and the reduce-scatter.
+// Step 1 (all-to-all of encoded slices) and the float32 reduction of this rank's slice.
 class SliceReduce {
  public:
   SliceReduce(Communicator* comm, const float* in, std::vector<int64_t> counts, DataType wire, ReduceOp op,
@@ -74,11 +75,7 @@ class SliceReduce {
   Status Test(bool* done) { return op_step_->Test(done); }
   // After Test reported done: acc (counts[rank] elements) = the float32 reduction, in rank order.
   void Reduce(float* acc) {
-    const int64_t mine = counts_[comm_->rank()];
-    DecodeWire(wire_, s_->received.data(), acc, mine);
-    for (int r = 1; r < comm_->size(); ++r) {
-      ReduceWireInto(wire_, s_->received.data() + r * mine * esize_, acc, mine, op_, &s_->tmp);
-    }
+    ReduceWireSlices(wire_, s_->received.data(), comm_->size(), counts_[comm_->rank()], acc, op_, &s_->tmp);
   }
   std::vector<char>& encoded() { return s_->encoded; }
 
@@ -168,19 +165,12 @@ std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* i
   return std::make_unique<WireAllreduce>(comm, in, buf, n, wire, op, scratch, res_in, res_out, scale);
 }
 
-Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,
-                         DataType wire, ReduceOp op) {
-  WireScratch scratch;
-  SliceReduce slices(comm, in, counts, wire, op, &scratch);
-  struct Step : PendingOp {
-    SliceReduce* s;
-    Status Test(bool* d) override { return s->Test(d); }
-  } step;
-  step.s = &slices;
-  Status s = Wait(&step);
-  if (!s.ok()) return s;
-  slices.Reduce(out);
-  return s;
+void ReduceWireSlices(DataType wire, const void* slices, int ranks, int64_t n, float* acc, ReduceOp op,
+                      std::vector<float>* tmp) {
+  const char* in = static_cast<const char*>(slices);
+  const int64_t stride = n * int64_t(WireElementSize(wire));
+  DecodeWire(wire, in, acc, n);
+  for (int r = 1; r < ranks; ++r) ReduceWireInto(wire, in + r * stride, acc, n, op, tmp);
 }
 
 }  // namespace mlsl

@@ -3,7 +3,8 @@
 // in and once on the way out, however many ranks there are:
 //   encode -> all-to-all of 16-bit slices -> float32 reduction of my slice (times an average's 1/size)
 //   -> encode -> allgather -> decode
-// (a reduce-scatter by all-to-all, then an allgather). Per-hop schemes (ring or tree reductions
+// (a reduce-scatter by all-to-all, then an allgather; the reducescatter collective is the first
+// half, in pieces: algo_wire_reducescatter.cc). Per-hop schemes (ring or tree reductions
 // of 16-bit data) round at every hop instead, so their error grows with the number of ranks.
 #pragma once
 
@@ -49,9 +50,10 @@ std::unique_ptr<PendingOp> StartWireAllreduce(Communicator* comm, const float* i
                                               ReduceOp op, WireScratch* scratch,
                                               float* res_in = nullptr, float* res_out = nullptr, double scale = 1.0);
 
-// Blocking reduce-scatter of float32 data through `wire`: in holds sum(counts) elements, out
-// receives this rank's counts[rank] elements of the float32 reduction (rounded once, on the way in).
-Status WireReduceScatter(Communicator* comm, const float* in, const std::vector<int64_t>& counts, float* out,
-                         DataType wire, ReduceOp op);
+// acc (n float32 elements) = the reduction, in rank order, of `ranks` consecutive slices of n
+// wire elements each (slice 0 decoded, the others reduced into it in float32). The reduce-scatter
+// in pieces (algo_wire_reducescatter.cc) and the allreduce's slice step share it.
+void ReduceWireSlices(DataType wire, const void* slices, int ranks, int64_t n, float* acc, ReduceOp op,
+                      std::vector<float>* tmp);
 
 }  // namespace mlsl

@@ -1,13 +1,16 @@
-// Adasum: the halving/doubling algorithm against a plain tree reduction written here, on the
-// fake communicator (2, 4 and 8 ranks as threads), and end to end through the runtime
+// Adasum: the halving/doubling algorithm's pieces (algo_adasum.cc, run by pieces.h with several
+// in flight) against a plain tree reduction written here, on the fake communicator (2, 4 and 8
+// ranks as threads), and end to end through the runtime
 // (refused rank counts and dtypes, mismatched ops, groups, grouped tensors, scaling, joins).
 #include <cmath>
 #include <random>
 #include <thread>
 
 #include "../adasum.h"
+#include "../algorithm.h"
 #include "../half.h"
 #include "harness.h"
+#include "pieces.h"
 
 using namespace mlsl;
 using namespace mlsl_test;
@@ -56,8 +59,9 @@ template <> uint16_t Encode<uint16_t>(double x) { return FloatToFp16(float(x)); 
 template <typename T> double Decode(T x) { return double(x); }
 template <> double Decode<uint16_t>(uint16_t x) { return double(Fp16ToFloat(x)); }
 
-// Runs AdasumAllreduce directly on n fake ranks; checks every rank holds the same bits and
-// that they match the tree reference within `tol` (relative to the largest value).
+// Runs the Adasum pieces directly on n fake ranks, at most max_message_bytes per piece and peer;
+// checks every rank holds the same bits and that they match the tree reference within `tol`
+// (relative to the largest value).
 template <typename T>
 void CheckAgainstTree(int n, int64_t count, DataType dtype, double (*round)(double), double tol,
                       int64_t max_message_bytes = INT64_MAX) {
@@ -73,7 +77,9 @@ void CheckAgainstTree(int n, int64_t count, DataType dtype, double (*round)(doub
     for (double x : inputs[r]) bufs[r].push_back(Encode<T>(x));
     threads.emplace_back([&, r] {
       FakeCommunicator comm(world, r);
-      statuses[r] = AdasumAllreduce(&comm, bufs[r].data(), count, dtype);
+      const int64_t piece = std::min<int64_t>(max_message_bytes, 1 << 20);
+      auto adasum = MakeAdasumVector(bufs[r].data(), count, dtype, r, n, piece);
+      statuses[r] = RunPieces(adasum.get(), &comm, 3);
     });
   }
   for (auto& t : threads) t.join();
@@ -112,7 +118,7 @@ TEST(adasum_matches_tree_reference_two_four_eight_ranks) {
 }
 
 TEST(adasum_exchanges_are_cut_into_pieces) {
-  // 12-byte messages: every exchange takes several calls, and pairs with less to swap keep step.
+  // 12-byte pieces: every exchange takes several, and pairs with less to swap keep step.
   CheckAgainstTree<float>(4, 1001, DataType::kFloat32, RoundF32, 1e-5, 12);
   CheckAgainstTree<double>(4, 5, DataType::kFloat64, RoundF64, 1e-12, 8);
 }

@@ -258,12 +258,11 @@ struct SimRun {
 
 static SimRun OneAllreduce(SimNetwork* net, size_t floats, bool one_host = false) {
   SimCommunicator comm(net);
-  Executor executor(&comm);
   Timeline timeline("", 0);
   Stats stats;
   SchedulerOptions o{1 << 20, 1, 0, false, net};
   o.one_host = one_host;
-  Scheduler sched(&comm, &executor, &timeline, &stats, o);
+  Scheduler sched(&comm, &timeline, &stats, o);
   std::vector<float> data(floats, 1.0f);
   Request r;
   r.name = "g";
@@ -303,11 +302,10 @@ TEST(scheduler_paces_only_across_hosts) {
 static int64_t FusedBuffers(bool error_feedback) {
   SimNetwork net(Fabric(8));
   SimCommunicator comm(&net);
-  Executor executor(&comm);
   Timeline timeline("", 0);
   Stats stats;
   SchedulerOptions o{1 << 20, 1, 1 << 20, false, &net};
-  Scheduler sched(&comm, &executor, &timeline, &stats, o);
+  Scheduler sched(&comm, &timeline, &stats, o);
   std::vector<std::vector<float>> data(3, std::vector<float>(256, 1.0f));
   std::vector<Request> requests(3);
   int finished = 0;
