@@ -261,6 +261,17 @@ def early_leaver(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional
     return first if still_running else None
 
 
+def left_before_the_stop(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional[task.RankStatus]:
+    """When every failed rank only failed because the launcher stopped it (its wrapper passed the
+    launcher's signal on), the rank that exited with code 0 first while others still ran (as
+    early_leaver), else None (pure).  Open MPI's mpirun stops a job so when a rank left without
+    finalizing: that rank, not the ones it stopped, is the cause."""
+    failed = [s for s in statuses if s.failed]
+    if not failed or any(s.forwarded is None for s in failed):
+        return None
+    return early_leaver(statuses, num_proc)
+
+
 def unfinalized_leaver(statuses: Sequence[task.RankStatus], num_proc: int, now: float,
                        grace: float = LEAVER_GRACE_S) -> Optional[task.RankStatus]:
     """The first rank that exited with code 0 without finalizing MPI at least ``grace`` seconds
@@ -373,6 +384,8 @@ def _stop_reason(statuses: Sequence[task.RankStatus], status_dir: str,
     if failure is not None and failure.caused_by_peer and shut_down_peer(failure) is None \
             and time.time() < (failure.failed_at or failure.time) + PEER_GRACE_S:
         failure = None  # the rank whose end it reports may still record why it ended
+    if failure is not None and failure.forwarded is not None:
+        failure = None  # the launcher is stopping the job already; run_job tells why when it ended
     if failure is not None:
         return f"{blame(failure, status_dir)}; stopping the other ranks", None
     leaver = unfinalized_leaver(statuses, num_proc, time.time(), LEAVER_GRACE_S)
@@ -456,6 +469,11 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
     if outcome.leaver is not None:  # the other ranks' ends are mlslrun's doing
         _report_leaver(outcome.leaver, statuses, num_proc, "then mlslrun stopped the job")
         return EXIT_FAILURE
+    leaver = None if outcome.reason is not None else left_before_the_stop(statuses, num_proc)
+    if leaver is not None:
+        stopped = [s.rank for s in statuses if s.failed]
+        _report_leaver(leaver, statuses, num_proc, f"then the launcher stopped {format_ranks(stopped)}")
+        return exit_code_of(outcome.code) or EXIT_FAILURE
     failure = first_failure(statuses)
     if failure is not None:
         if outcome.reason is None:

@@ -74,6 +74,16 @@ def test_early_leaver_is_not_a_rank_that_finalized():
     assert launch.still_running([finalized, culprit, status(0, t=5.0)], 4, culprit) == [0, 3]
 
 
+def test_the_rank_that_left_is_blamed_for_the_launchers_stop():
+    # Open MPI's mpirun stops the other ranks (SIGTERM) when one leaves without finalizing
+    left = status(1, t=1.0)
+    stopped = status(0, sig=15, forwarded=15, t=2.0)
+    assert launch.left_before_the_stop([left, stopped], 2) == left
+    assert launch.left_before_the_stop([left], 2) is None  # nothing failed
+    assert launch.left_before_the_stop([left, stopped, status(2, code=3, t=1.5)], 3) is None  # a real failure
+    assert launch.left_before_the_stop([status(1, t=1.0, mpi=task.MPI_FINALIZED), stopped], 2) is None
+
+
 def test_status_files_without_mpi_still_read(tmp_path):
     path = task.status_path(str(tmp_path), 0)
     with open(path, "w") as f:  # written by an older wrapper
