@@ -103,13 +103,15 @@ def init(comm=None):
 
 
 def _comm_cores(config):
-    """MLSL_TF_COMM_CORE as a list of cores ([]: not set), or init()'s error for a bad value."""
+    """MLSL_TF_COMM_CORE as a list of cores ([]: not set), or init()'s error for a bad value. mlsl_tf/cores.py
+    is the setting's one parser (mlslrun's rank wrapper needs it before the library loads), so what it
+    allows comes from there too."""
     setting = config[cores.SETTING]
     try:
         return cores.parse(setting.value)
     except ValueError:
         raise RuntimeError(f"mlsl_tf.init() failed: {cores.SETTING}={setting.value} is not valid: expected "
-                           f"{setting.allowed}") from None
+                           f"{cores.ALLOWED}") from None
 
 
 def _pin_background_thread(lib, comm_cores):

@@ -6,6 +6,7 @@ read the setting through `parse` and `core_for`; the C++ runtime only pins where
 Standard library only: mlslrun imports it before TensorFlow."""
 
 SETTING = "MLSL_TF_COMM_CORE"
+ALLOWED = "empty, or a core number or a comma-separated list of them (e.g. 3 or 2,3)"
 
 
 def parse(spec):
@@ -16,9 +17,8 @@ def parse(spec):
     cores = []
     for item in spec.split(","):
         item = item.strip()
-        if not item.isdigit():
-            raise ValueError(f"{SETTING}={spec!r}: {item!r} is not a core number (expected a core number "
-                             "or a comma-separated list of them, e.g. 3 or 2,3)")
+        if not (item.isascii() and item.isdigit()):  # str.isdigit alone takes '²' and '٣'
+            raise ValueError(f"{SETTING}={spec!r}: {item!r} is not a core number (expected {ALLOWED})")
         cores.append(int(item))
     return cores
 

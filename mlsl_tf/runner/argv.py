@@ -68,7 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "prompting and check the ranks' interpreter is there; stop with the "
                      "failing hosts and why (default: on)")
     for flag in ENV_FLAGS:
-        p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help)
+        p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help_text)
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the program every rank runs, e.g. python train.py")
     return p

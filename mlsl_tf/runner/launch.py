@@ -16,9 +16,14 @@ and, at the end, how it ended.  From it mlslrun
     ranks running when a non-MPI process exits non-zero) and reports that
     rank as the cause;
   * enforces --start-timeout;
+  * stops the job when a rank exited with code 0 without finalizing MPI (its
+    wrapper saw it start MPI and end without MPI_Finalize, e.g. by os._exit(0))
+    while another rank still runs, and the launcher has not ended the job
+    LEAVER_GRACE_S later: hydra usually aborts such a job itself, but not always.
+    A rank that finalized MPI (or never started it) may end before the others;
   * when no rank failed but the launcher did (MPI aborts a job one of whose
-    ranks exited 0 without finalising, e.g. by os._exit(0)), names the rank
-    that exited first while the others still ran.
+    ranks exited 0 without finalising), or mlslrun stopped the job for such a
+    rank, names the rank that exited first while the others still ran.
 Both only see ranks on hosts that share this path (this machine, or a shared
 file system at the same path); on other hosts the ranks still run, but
 --start-timeout would count them as not started, so use it only there
@@ -50,6 +55,7 @@ from mlsl_tf.runner.rank_env import format_seconds, missing_env
 
 POLL_S = 0.1
 PEER_GRACE_S = 3.0  # how long a failure that only reports another rank's end waits for its cause
+LEAVER_GRACE_S = 3.0  # how long the launcher gets to end a job a rank left without finalizing MPI
 STOP_GRACE_S = 10.0  # after SIGTERM, how long the launcher gets before SIGKILL
 VERSION_TIMEOUT_S = 60.0
 EXIT_USAGE = 2
@@ -244,13 +250,42 @@ def blame(failure: task.RankStatus, status_dir: str) -> str:
 def early_leaver(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional[task.RankStatus]:
     """The rank that exited with code 0 first while some other rank still ran (no status yet,
     or one written later), or None (pure).  For a job whose launcher failed with no failed
-    rank: MPI stops a job when a rank leaves without finalising."""
-    left = sorted((s for s in statuses if not s.failed), key=lambda s: (s.time, s.rank))
+    rank: MPI stops a job when a rank leaves without finalising.  A rank whose wrapper saw it
+    finalize MPI, or never start it, left as it may: it is not the one."""
+    left = sorted((s for s in statuses if not s.failed and s.mpi not in (task.MPI_FINALIZED, task.MPI_UNUSED)),
+                  key=lambda s: (s.time, s.rank))
     if not left:
         return None
     first = left[0]
     still_running = num_proc > len(statuses) or any(s.time > first.time for s in statuses if s.rank != first.rank)
     return first if still_running else None
+
+
+def left_before_the_stop(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional[task.RankStatus]:
+    """When every failed rank only failed because the launcher stopped it (its wrapper passed the
+    launcher's signal on), the rank that exited with code 0 first while others still ran (as
+    early_leaver), else None (pure).  Open MPI's mpirun stops a job so when a rank left without
+    finalizing: that rank, not the ones it stopped, is the cause."""
+    failed = [s for s in statuses if s.failed]
+    if not failed or any(s.forwarded is None for s in failed):
+        return None
+    return early_leaver(statuses, num_proc)
+
+
+def unfinalized_leaver(statuses: Sequence[task.RankStatus], num_proc: int, now: float,
+                       grace: float = LEAVER_GRACE_S) -> Optional[task.RankStatus]:
+    """The first rank that exited with code 0 without finalizing MPI at least ``grace`` seconds
+    before ``now`` (wall clock) while some rank has not ended yet, or None (pure)."""
+    if len({s.rank for s in statuses}) >= num_proc:
+        return None  # every rank has ended
+    left = [s for s in statuses if not s.failed and s.mpi == task.MPI_NOT_FINALIZED and s.time + grace <= now]
+    return min(left, key=lambda s: (s.time, s.rank), default=None)
+
+
+def still_running(statuses: Sequence[task.RankStatus], num_proc: int, leaver: task.RankStatus) -> list[int]:
+    """The ranks that had not ended when ``leaver`` did: no status, or a later one (pure)."""
+    ended = {s.rank for s in statuses}
+    return sorted([s.rank for s in statuses if s.time > leaver.time] + [r for r in range(num_proc) if r not in ended])
 
 
 def format_ranks(ranks: Sequence[int]) -> str:
@@ -331,26 +366,48 @@ class _Job:
             pass
 
 
-def _watch(job: _Job, status_dir: str, num_proc: int,
-           start_timeout: Optional[float]) -> tuple[int, Optional[str]]:
-    """Wait for the launcher; stop it on a failed rank or a start timeout.
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """How a watched job ended: the launcher's returncode, why mlslrun stopped the job (None: it
+    did not), and the rank that left without finalizing MPI when that was why."""
 
-    Returns (launcher returncode, why mlslrun stopped the job or None).
-    """
+    code: int
+    reason: Optional[str] = None
+    leaver: Optional[task.RankStatus] = None
+
+
+def _stop_reason(statuses: Sequence[task.RankStatus], status_dir: str,
+                 num_proc: int) -> tuple[Optional[str], Optional[task.RankStatus]]:
+    """(why to stop the job now, the rank that left without finalizing MPI if that is why), or
+    (None, None) while nothing calls for it."""
+    failure = first_failure(statuses)
+    if failure is not None and failure.caused_by_peer and shut_down_peer(failure) is None \
+            and time.time() < (failure.failed_at or failure.time) + PEER_GRACE_S:
+        failure = None  # the rank whose end it reports may still record why it ended
+    if failure is not None and failure.forwarded is not None:
+        failure = None  # the launcher is stopping the job already; run_job tells why when it ended
+    if failure is not None:
+        return f"{blame(failure, status_dir)}; stopping the other ranks", None
+    leaver = unfinalized_leaver(statuses, num_proc, time.time(), LEAVER_GRACE_S)
+    if leaver is not None:
+        return (f"{leaver.describe()} without finalizing MPI while "
+                f"{format_ranks(still_running(statuses, num_proc, leaver))} still ran, and the launcher "
+                f"has not ended the job {format_seconds(LEAVER_GRACE_S)} s later; stopping it"), leaver
+    return None, None
+
+
+def _watch(job: _Job, status_dir: str, num_proc: int, start_timeout: Optional[float]) -> Outcome:
+    """Wait for the launcher; stop it on a failed rank, a rank that left without finalizing MPI
+    while others ran, or a start timeout."""
     deadline = None if start_timeout is None else time.monotonic() + start_timeout
-    reason = None
+    reason, leaver = None, None
     while True:
         code = job.poll()
         if code is not None:
-            return code, reason
+            return Outcome(code, reason, leaver)
         if reason is None:
-            failure = first_failure(rank_statuses(status_dir, num_proc))
-            if failure is not None and failure.caused_by_peer and shut_down_peer(failure) is None \
-                    and time.time() < (failure.failed_at or failure.time) + PEER_GRACE_S:
-                failure = None  # the rank whose end it reports may still record why it ended
-            if failure is not None:
-                reason = f"{blame(failure, status_dir)}; stopping the other ranks"
-            elif deadline is not None and time.monotonic() > deadline:
+            reason, leaver = _stop_reason(rank_statuses(status_dir, num_proc), status_dir, num_proc)
+            if reason is None and deadline is not None and time.monotonic() > deadline:
                 missing = sorted(set(range(num_proc)) - started_ranks(status_dir, num_proc))
                 if missing:
                     reason = (f"{format_ranks(missing)} did not start within "
@@ -364,24 +421,28 @@ def _watch(job: _Job, status_dir: str, num_proc: int,
         time.sleep(POLL_S)
 
 
+def _report_leaver(leaver: task.RankStatus, statuses: Sequence[task.RankStatus], num_proc: int,
+                   then: str) -> None:
+    how = ("without finalizing MPI (os._exit, or an exit before MPI_Finalize?)" if leaver.mpi == task.MPI_NOT_FINALIZED
+           else "without finishing the job (os._exit, or an exit before mlsl_tf's shutdown?)")
+    _err(f"job failed: {leaver.describe()} while {format_ranks(still_running(statuses, num_proc, leaver))} "
+         f"still ran: it left {how}; {then}")
+
+
 def _left_early(code: int, status_dir: str, num_proc: int) -> Optional[task.RankStatus]:
     """After a job in which no rank failed: when the launcher failed, or a rank that started
     never recorded its end (the launcher killed it with its wrapper), print which rank left
     first while others still ran and return it; else None."""
     statuses = rank_statuses(status_dir, num_proc)
-    ended = {s.rank for s in statuses}
-    vanished = sorted(started_ranks(status_dir, num_proc) - ended)
+    vanished = sorted(started_ranks(status_dir, num_proc) - {s.rank for s in statuses})
     if code == 0 and not vanished:
         return None
     leaver = early_leaver(statuses, num_proc)
     if leaver is None:
         return None
-    running = [s.rank for s in statuses if s.time > leaver.time] + \
-        [r for r in range(num_proc) if r not in ended]
-    then = (f"then the launcher ended {format_ranks(vanished)}" if vanished
-            else f"the launcher exited with code {exit_code_of(code)}")
-    _err(f"job failed: {leaver.describe()} while {format_ranks(running)} still ran: it left "
-         f"without finishing the job (os._exit, or an exit before mlsl_tf's shutdown?); {then}")
+    _report_leaver(leaver, statuses, num_proc,
+                   f"then the launcher ended {format_ranks(vanished)}" if vanished
+                   else f"the launcher exited with code {exit_code_of(code)}")
     return leaver
 
 
@@ -391,26 +452,36 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
 
     The code is 128 + the signal when mlslrun was sent SIGINT/SIGTERM, the
     failing rank's (its exit code or 128 + signal) when a rank failed, 1 when
-    mlslrun stopped the job for --start-timeout, otherwise the launcher's own.
+    mlslrun stopped the job for --start-timeout or for a rank that left without
+    finalizing MPI, otherwise the launcher's own.
     """
     job = _Job(argv)
     previous = {s: signal.signal(s, job.on_signal) for s in task.FORWARDED_SIGNALS}
     try:
-        code, stopped_because = _watch(job, status_dir, num_proc, start_timeout)
+        outcome = _watch(job, status_dir, num_proc, start_timeout)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if job.first_signal is not None:
         _err(f"job stopped: mlslrun received {task.signal_name(job.first_signal)}")
         return 128 + job.first_signal
-    failure = first_failure(rank_statuses(status_dir, num_proc))
+    statuses = rank_statuses(status_dir, num_proc)
+    if outcome.leaver is not None:  # the other ranks' ends are mlslrun's doing
+        _report_leaver(outcome.leaver, statuses, num_proc, "then mlslrun stopped the job")
+        return EXIT_FAILURE
+    leaver = None if outcome.reason is not None else left_before_the_stop(statuses, num_proc)
+    if leaver is not None:
+        stopped = [s.rank for s in statuses if s.failed]
+        _report_leaver(leaver, statuses, num_proc, f"then the launcher stopped {format_ranks(stopped)}")
+        return exit_code_of(outcome.code) or EXIT_FAILURE
+    failure = first_failure(statuses)
     if failure is not None:
-        if stopped_because is None:
+        if outcome.reason is None:
             _err(f"job failed: {blame(failure, status_dir)}")
         return failure.wrapper_exit_code
-    if stopped_because is not None or _left_early(code, status_dir, num_proc) is not None:
-        return exit_code_of(code) or EXIT_FAILURE
-    return exit_code_of(code)
+    if outcome.reason is not None or _left_early(outcome.code, status_dir, num_proc) is not None:
+        return exit_code_of(outcome.code) or EXIT_FAILURE
+    return exit_code_of(outcome.code)
 
 
 # ---------------------------------------------------------------------------

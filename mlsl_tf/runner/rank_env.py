@@ -5,8 +5,9 @@ Pure functions of their arguments: no file access, no subprocess, no reading of
 """
 
 import dataclasses
+import math
 import re
-from typing import Callable, Iterable, Mapping
+from typing import Callable, Iterable, Mapping, Optional
 
 from mlsl_tf import cores
 from mlsl_tf.runner.config import EnvSpec, RunConfig, UsageError
@@ -21,13 +22,21 @@ class EnvFlag:
     """A flag whose only effect is one environment variable on every rank.
 
     ``convert`` turns the flag's text into the variable's value and raises
-    ValueError on bad input.  Adding such a flag is one entry in ENV_FLAGS.
+    ValueError on bad input.  ``default`` is the flag's text for the library's
+    default (None: the variable is unset by default), shown in --help;
+    tests/unit/test_settings_owner.py checks it against the library's table,
+    which owns the default.  Adding such a flag is one entry in ENV_FLAGS.
     """
 
     option: str
     env_var: str
     convert: Callable[[str], str]
     help: str
+    default: Optional[str] = None
+
+    @property
+    def help_text(self) -> str:
+        return self.help if self.default is None else f"{self.help} (default: {self.default})"
 
 
 def _mb_to_bytes(text: str) -> str:
@@ -79,18 +88,17 @@ def _path(text: str) -> str:
 # Flags that only set an environment variable on every rank (the settings of ops/core/settings.cc).
 ENV_FLAGS: tuple[EnvFlag, ...] = (
     EnvFlag("--fusion-threshold-mb", "MLSL_TF_FUSION_THRESHOLD", _mb_to_bytes,
-            "fuse small allreduces into buffers of up to this many MB (0 = off; default: 1)"),
+            "fuse small allreduces into buffers of up to this many MB (0 = off)", "1"),
     EnvFlag("--chunk-mb", "MLSL_TF_CHUNK_BYTES", _positive_mb_to_bytes,
-            "cut allreduces into chunks of this many MB; the scheduler re-picks between chunks "
-            "(default: 1)"),
-    EnvFlag("--inflight", "MLSL_TF_INFLIGHT", _positive_int, "chunks in flight at once (default: 4)"),
-    EnvFlag("--priority", "MLSL_TF_PRIORITY", _policy, "scheduling policy: priority (default) or fifo"),
+            "cut allreduces into chunks of this many MB; the scheduler re-picks between chunks", "1"),
+    EnvFlag("--inflight", "MLSL_TF_INFLIGHT", _positive_int, "chunks in flight at once", "4"),
+    EnvFlag("--priority", "MLSL_TF_PRIORITY", _policy, "scheduling policy: priority or fifo", "priority"),
     EnvFlag("--comm-core", "MLSL_TF_COMM_CORE", _core_list,
             "pin each rank's background thread to this core (a list: local rank i gets the (i mod n)-th; "
             "default: not pinned)"),
     EnvFlag("--bind", "MLSL_TF_BIND", _binding,
-            "auto (default): each rank's threads on its own block of the machine's cores unless the launcher "
-            "bound them; none: leave them"),
+            "auto: each rank's threads on its own block of the machine's cores unless the launcher "
+            "bound them; none: leave them", "auto"),
     EnvFlag("--timeline-filename", "MLSL_TF_TIMELINE", _path,
             "write a Chrome-trace timeline (rank 0; '{rank}' in the name: every rank; default: none)"),
 )
@@ -119,7 +127,7 @@ def resolve_env(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[tuple[str, 
             pairs[spec.name] = environ[spec.name]
     pairs.update(cfg.flag_env)
     if cfg.start_timeout is not None:
-        pairs[START_TIMEOUT_ENV] = format_seconds(cfg.start_timeout)
+        pairs[START_TIMEOUT_ENV] = start_timeout_value(cfg.start_timeout)
     return tuple(pairs.items())
 
 
@@ -140,6 +148,12 @@ def forwarded_names(names: Iterable[str]) -> tuple[str, ...]:
 def missing_env(cfg: RunConfig, environ: Mapping[str, str]) -> tuple[str, ...]:
     """Names given as ``-x VAR`` (no value) that are not set in ``environ``."""
     return tuple(s.name for s in cfg.env if s.value is None and s.name not in environ)
+
+
+def start_timeout_value(seconds: float) -> str:
+    """MLSL_TF_START_TIMEOUT for --start-timeout: whole seconds, rounded up (the library's table
+    declares an integer, and init() refuses any other value on every rank)."""
+    return str(math.ceil(seconds))
 
 
 def format_seconds(seconds: float) -> str:

@@ -27,6 +27,12 @@ On every rank it:
     mlslrun or mpiexec was killed does not keep training;
   * when the command fails, prints one line naming rank, host and pid and exits
     non-zero (the command's code, or 128 + signal number);
+  * with ``--status-dir`` and a PMI connection to the launcher (PMI_FD: MPICH's and Intel
+    MPI's hydra, SLURM's pmi2), passes that connection through itself and reads the names
+    of the commands the command sends on it, so the status says whether the command started
+    MPI and whether it finalized it before it ended (``mpi``; see _PmiRelay): mlslrun stops
+    a job one of whose ranks exited without finalizing while the others still run, as hydra
+    usually does (but not always);
   * with MLSL_TF_COMM_CORE set (mlslrun --comm-core), starts the command with a CPU
     affinity that leaves out the communication cores, so TensorFlow's thread pools (sized
     from the affinity mask, inherited by every thread) stay off them.  mlsl_tf's init()
@@ -68,6 +74,15 @@ LAUNCHER_GONE_GRACE_S = 2.0  # after the parent vanished: SIGTERM, then SIGKILL 
 _PARENT_POLL_S = 0.25
 _LINE_WRITE_MAX = getattr(select_module, "PIPE_BUF", 4096)  # a pipe write this size is atomic
 _LINE_MAX = 1 << 16  # a longer line without newline is written on in pieces of this size
+# The process manager's PMI connection (MPICH's and Intel MPI's hydra, SLURM's pmi2): a socket
+# the command's MPI_Init finds by this number.
+PMI_FD_ENV = "PMI_FD"
+# RankStatus.mpi: what the command did on that connection.
+MPI_FINALIZED = "finalized"  # it started MPI and finalized it (PMI finalize) before it ended
+MPI_NOT_FINALIZED = "not finalized"  # it started MPI and ended without finalizing it
+MPI_UNUSED = "unused"  # it never started MPI (sent no PMI command)
+_PMI_PENDING_MAX = 1 << 20  # more bytes than this without a whole PMI command: stop reading names
+_PMI_END_WAIT_S = 1.0  # after the command exited, how long its PMI connection may take to close
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +95,8 @@ class RankStatus:
     ``error`` and ``caused_by_peer`` come from the record mlsl_tf writes when
     an exception ends the command (FAILURE_FILE_ENV): when the exception was
     raised, its first line, and whether it only reports that another rank
-    ended first.
+    ended first.  ``mpi`` is what the command did with the launcher's PMI
+    connection (_PmiRelay), None where the wrapper could not see it.
     """
 
     rank: int
@@ -93,6 +109,7 @@ class RankStatus:
     failed_at: Optional[float] = None
     error: Optional[str] = None
     caused_by_peer: bool = False
+    mpi: Optional[str] = None  # MPI_FINALIZED, MPI_NOT_FINALIZED, MPI_UNUSED, or None: not seen
 
     @property
     def failed(self) -> bool:
@@ -371,6 +388,134 @@ class _Pump:
                 self.console_ok = False  # a closed console must not stop the file copy
 
 
+def pmi_commands(data: bytes) -> tuple[list[str], bytes]:
+    """(names of the whole PMI commands at the start of ``data``, the bytes after them) (pure).
+
+    A PMI client sends its process manager commands in one of three forms: PMI-1
+    ``cmd=NAME k=v ...`` up to a newline, PMI-1 ``mcmd=NAME`` lines up to ``endcmd``
+    (spawn), and PMI-2, a 6-character decimal length and then ``cmd=NAME;k=v;...``.
+    Raises ValueError for bytes in none of these forms.
+    """
+    names: list[str] = []
+    while len(data) >= 6:  # the shortest command, and PMI-2's length field
+        if data.startswith(b"cmd="):
+            end = data.find(b"\n")
+            if end < 0:
+                break
+            name, data = data[4:end].split(b" ", 1)[0], data[end + 1:]
+        elif data.startswith(b"mcmd="):
+            end = data.find(b"endcmd\n")
+            if end < 0:
+                break
+            name, data = data[5:end].split(b"\n", 1)[0], data[end + len(b"endcmd\n"):]
+        else:
+            try:
+                length = int(data[:6])
+            except ValueError:
+                raise ValueError(f"not a PMI command: {data[:40]!r}") from None
+            if length < 0 or (len(data) >= 6 + length and not data[6:].startswith(b"cmd=")):
+                raise ValueError(f"not a PMI-2 command: {data[:40]!r}")
+            if len(data) < 6 + length:
+                break
+            name, data = data[10:6 + length].split(b";", 1)[0], data[6 + length:]
+        names.append(name.strip().decode("ascii", "replace"))
+    return names, data
+
+
+class _PmiRelay:
+    """Passes the command's PMI connection to the launcher through this wrapper, reading the
+    names of the commands it sends: whether it started MPI (any command) and whether it
+    finalized it (``finalize``: MPI_Finalize) before it ended.
+
+    The command gets one end of a new socket pair as its PMI_FD; a thread copies bytes both
+    ways between the other end and the launcher's socket, unchanged.  When the launcher closes
+    its end, the command's end is shut for writing, so the command reads the end too.  The
+    launcher's socket stays open until this wrapper exits, as it did when the wrapper only
+    inherited it: hydra kills every rank (this wrapper too) when it closes after MPI started
+    and before it finalized, and the wrapper must write the rank's status first.
+    """
+
+    def __init__(self, upstream_fd: int):
+        self._mine, self._theirs = socket.socketpair()
+        try:
+            self._up = socket.socket(fileno=upstream_fd)  # OSError when it is no socket
+        except OSError:
+            self._mine.close()
+            self._theirs.close()
+            raise
+        self._up.set_inheritable(False)  # the command talks through the pair only
+        self._theirs.set_inheritable(True)
+        self.child_fd = self._theirs.fileno()
+        self._names: set[str] = set()
+        self._pending = b""
+        self._readable = True  # False once the command sent bytes that are no PMI command
+        self._done = threading.Event()
+
+    def start(self) -> None:
+        """The command has started with child_fd: close this process's copy, start copying."""
+        self._theirs.close()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def state(self, wait_s: float = _PMI_END_WAIT_S) -> Optional[str]:
+        """MPI_FINALIZED / MPI_NOT_FINALIZED / MPI_UNUSED once the command's end closed (waiting
+        up to wait_s for it), else None: another process still holds it, or the bytes were
+        not PMI commands."""
+        if not self._done.wait(wait_s) or not self._readable:
+            return None
+        if "finalize" in self._names:
+            return MPI_FINALIZED
+        return MPI_NOT_FINALIZED if self._names else MPI_UNUSED
+
+    def _note(self, data: bytes) -> None:
+        if not self._readable:
+            return
+        try:
+            names, self._pending = pmi_commands(self._pending + data)
+        except ValueError:
+            self._readable = False
+            return
+        self._names.update(names)
+        if len(self._pending) > _PMI_PENDING_MAX:
+            self._readable = False
+
+    def _run(self) -> None:
+        up_open = True
+        try:
+            while True:
+                ready, _, _ = select_module.select([self._mine, self._up] if up_open else [self._mine], [], [])
+                if self._mine in ready:
+                    data = self._mine.recv(65536)
+                    if not data:
+                        return  # the command's end closed
+                    self._note(data)
+                    if up_open:
+                        self._up.sendall(data)
+                if up_open and self._up in ready:
+                    data = self._up.recv(65536)
+                    if data:
+                        self._mine.sendall(data)
+                    else:
+                        up_open = False
+                        self._mine.shutdown(socket.SHUT_WR)
+        except OSError:
+            pass  # the command's end failed (it died) or the launcher's did
+        finally:
+            self._mine.close()
+            self._done.set()
+
+
+def _pmi_relay(environ: Mapping[str, str]) -> Optional[_PmiRelay]:
+    """A relay for the launcher's PMI_FD socket, or None when there is none (Open MPI, whose
+    ranks reach their PMIx server by address, or no launcher)."""
+    text = environ.get(PMI_FD_ENV, "")
+    if not text.isdigit():
+        return None
+    try:
+        return _PmiRelay(int(text))
+    except OSError:
+        return None
+
+
 class _Child:
     """The user's command as a child process, its output copiers and signal forwarding."""
 
@@ -513,6 +658,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cpus, warning = affinity_plan(os.environ, _allowed_cpus())
     if warning:
         _warn(f"rank {rank}: {warning}")
+    relay = _pmi_relay(os.environ) if ns.status_dir is not None else None
+    if relay is not None:
+        os.environ[PMI_FD_ENV] = str(relay.child_fd)
     try:
         child = _Child(ns.command, output_dir, cpus, rank if ns.tag_output else None)
     except OSError as e:
@@ -522,6 +670,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             _write_status(ns.status_dir, RankStatus(rank, host, os.getpid(), 127, None,
                                                     None, time.time()))
         return 127
+    if relay is not None:
+        relay.start()
     for sig in FORWARDED_SIGNALS:
         signal.signal(sig, child.forward)
     threading.Thread(target=_watch_parent, args=(parent, child), daemon=True).start()
@@ -536,8 +686,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     status = RankStatus(rank=rank, host=host, pid=child.proc.pid,
                         exitcode=code if code >= 0 else None,
                         signal=-code if code < 0 else None,
-                        forwarded=forwarded,
-                        time=time.time(), **failure)
+                        forwarded=forwarded, time=time.time(),
+                        mpi=None if relay is None else relay.state(), **failure)
     if ns.status_dir is not None:
         _write_status(ns.status_dir, status)
     if status.failed:

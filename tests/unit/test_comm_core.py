@@ -23,7 +23,7 @@ def test_parse_core_list():
         cores.parse("2,x")
     with pytest.raises(ValueError, match="MLSL_TF_COMM_CORE='1,,2'"):
         cores.parse("1,,2")
-    for bad in ("1,", "-1", "+3", "3.0"):
+    for bad in ("1,", "-1", "+3", "3.0", "\u00b2", "\u0663"):  # not ASCII digits: "²", Arabic "3"
         with pytest.raises(ValueError, match="is not a core number"):
             cores.parse(bad)
 

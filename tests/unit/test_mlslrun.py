@@ -554,6 +554,39 @@ def test_rank_that_leaves_with_os_exit_0_is_named():
 
 
 @needs_mpi
+def test_rank_that_finalizes_while_another_works_is_not_stopped():
+    # rank 1 finalizes MPI and exits 0 while rank 0 works on past mlslrun's grace for a rank that
+    # did not finalize: legal, the job succeeds (MPICH's MPI_Finalize returns once every rank
+    # called it, so here rank 1 ends with rank 0)
+    r = mlslrun("-np", "2", *program(f"""
+        from mpi4py import MPI
+        MPI.COMM_WORLD.barrier()
+        if RANK == 1:
+            print("rank 1 finalizing", flush=True)
+            MPI.Finalize()
+            sys.exit(0)
+        time.sleep({launch.LEAVER_GRACE_S + 2})
+        print("rank 0 done", flush=True)
+    """))
+    assert r.returncode == 0, r.stderr
+    assert "rank 1 finalizing" in r.stdout and "rank 0 done" in r.stdout, r.stdout
+    assert "mlslrun: " not in r.stderr, r.stderr
+
+
+@needs_mpi
+def test_rank_without_mpi_may_end_first():
+    # no rank starts MPI: rank 1 ends at once, rank 0 after mlslrun's grace; the job succeeds
+    r = mlslrun("-np", "2", *program(f"""
+        if RANK == 0:
+            time.sleep({launch.LEAVER_GRACE_S + 2})
+        print(f"rank {{RANK}} done", flush=True)
+    """))
+    assert r.returncode == 0, r.stderr
+    assert "rank 0 done" in r.stdout and "rank 1 done" in r.stdout, r.stdout
+    assert "mlslrun: " not in r.stderr, r.stderr
+
+
+@needs_mpi
 def test_error_inside_tf_function_reaches_the_summary():
     r = mlslrun("-np", "2", *program("""
         import mlsl_tf as hvd, tensorflow as tf
