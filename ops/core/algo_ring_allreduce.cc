@@ -46,7 +46,6 @@ class RingAllreduce : public PendingOp {
         if (!s.ok()) return Fail(s);
         if (!finished) return Status::Ok();
         recv_.reset();
-        Fold();  // the step's send reads another segment: folding need not wait for it
       }
       if (send_op_) {
         Status s = send_op_->Test(&finished);
@@ -54,6 +53,9 @@ class RingAllreduce : public PendingOp {
         if (!finished) return Status::Ok();
         send_op_.reset();
       }
+      // Only now, as before the ring had files of its own: over shared memory a send may need
+      // the sender's own MPI calls to move, and folding first would hold the peer up.
+      Fold();
       if (++step_ < Steps()) Post();
     }
     *done = true;

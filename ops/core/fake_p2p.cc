@@ -95,7 +95,9 @@ std::string MessageProblem(const FakeWorld& world, int64_t bytes, int peer, int 
   if (tag < 0 || tag > Communicator::kMaxTag) {
     return "tag " + std::to_string(tag) + " outside 0.." + std::to_string(Communicator::kMaxTag);
   }
-  if (bytes < 0 || bytes > world.max_message_bytes) return std::to_string(bytes) + " bytes";
+  if (bytes < 0 || bytes > world.max_message_bytes) {
+    return std::to_string(bytes) + " bytes (the world carries 0.." + std::to_string(world.max_message_bytes) + ")";
+  }
   return "";
 }
 
