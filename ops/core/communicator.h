@@ -60,6 +60,20 @@ class Communicator {
   // everywhere): *out becomes a new communicator over `ranks` (sorted, unique, in range; the
   // new rank is the index in `ranks`) on the members, null on the others.
   virtual Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) = 0;
+
+  // Point-to-point messages, for the algorithms written over this interface (p2p_algorithms.h).
+  // Send posts the `bytes` at buf to rank `peer`; Recv posts a receive of `bytes` into buf from
+  // `peer`; the buffers stay valid (and the send's unchanged) until the op is done. Matching is
+  // MPI's: a receive matches a send from its peer with its tag, and the messages one rank sends
+  // another with one tag are received in the order they were posted (different tags never match
+  // each other, whatever the order). A rank may send itself. Unlike a collective, only the two
+  // ends take part. The two sizes must be equal (a transport reports a mismatch as an error on
+  // at least the receive); a message too large for the transport fails (MPI: over 2^31-1 bytes);
+  // peer must be a rank of this communicator and 0 <= tag <= kMaxTag; those errors are reported
+  // by the op's Test. Completion of a send says nothing about the receive having happened.
+  static constexpr int kMaxTag = 32767;  // the least MPI_TAG_UB the MPI standard allows
+  virtual std::unique_ptr<PendingOp> Send(const void* buf, int64_t bytes, int peer, int tag) = 0;
+  virtual std::unique_ptr<PendingOp> Recv(void* buf, int64_t bytes, int peer, int tag) = 0;
 };
 
 // Drives op to completion, spinning briefly and then sleeping in short steps so a waiting

@@ -5,9 +5,12 @@
 
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "communicator.h"
@@ -37,6 +40,23 @@ class FakeWorld {
   uint64_t Arrive(int rank, uint64_t seq, Part part);
   bool Done(uint64_t seq, int rank);
 
+  // Point-to-point (fake_p2p.cc): a send or receive waits in the queue of its (from, to, tag)
+  // until the other end is posted; then the bytes are copied and both are done. A rendezvous:
+  // a send is done only once received, the strictest a transport may be, so an algorithm that
+  // relied on a send finishing alone would hang its test rather than pass it.
+  struct Message {
+    const void* data = nullptr;  // a send's bytes
+    void* buf = nullptr;         // a receive's buffer
+    int64_t bytes = 0;
+    bool done = false;
+    std::string error;           // set with done: the sizes of the two ends differed
+  };
+  void Post(bool is_send, int from, int to, int tag, std::shared_ptr<Message> m);
+  // Whether m is done (*error: why it failed).
+  bool MessageDone(const Message& m, std::string* error);
+  // Takes m out of its queue if it is still waiting there (its op was dropped).
+  void Drop(int from, int to, int tag, const std::shared_ptr<Message>& m);
+
  private:
   struct Slot {
     std::vector<Part> parts;
@@ -48,6 +68,11 @@ class FakeWorld {
   const int size_;
   std::mutex mu_;
   std::map<uint64_t, Slot> slots_;
+  struct Queues {
+    std::deque<std::shared_ptr<Message>> sends, recvs;  // unmatched, oldest first (one is empty)
+  };
+  std::mutex p2p_mu_;
+  std::map<std::tuple<int, int, int>, Queues> p2p_;  // by (from, to, tag)
 };
 
 class FakeCommunicator : public Communicator {
@@ -68,6 +93,8 @@ class FakeCommunicator : public Communicator {
                                            DataType dtype, ReduceOp op) override;
   std::unique_ptr<PendingOp> Barrier() override;
   Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
+  std::unique_ptr<PendingOp> Send(const void* buf, int64_t bytes, int peer, int tag) override;  // fake_p2p.cc
+  std::unique_ptr<PendingOp> Recv(void* buf, int64_t bytes, int peer, int tag) override;
 
  private:
   std::unique_ptr<PendingOp> Start(FakeWorld::Part part);

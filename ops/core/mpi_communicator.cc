@@ -13,6 +13,7 @@
 #include "half.h"
 #include "memory.h"
 #include "mpi_checks.h"
+#include "p2p_algorithms.h"
 #include "reduce.h"
 #include "settings.h"
 
@@ -163,187 +164,16 @@ std::unique_ptr<PendingOp> TooLarge(const char* what) {
   return p;
 }
 
-// Allreduce among the ranks of one machine as a ring of point-to-point messages: p-1 steps of
-// reduce-scatter, each rank receiving one segment and reducing it into the output, then p-1
-// steps of allgather straight into the output. Out of place it receives into the output
-// itself (no temporary at all); in place into one segment of pooled scratch. Every segment is
-// reduced (and scaled) on exactly one rank and then copied, so all ranks hold identical bits;
-// scaling only the segment it owns costs each rank 1/p of a pass. Driven by Test.
-class RingAllreduce : public PendingOp {
+// A point-to-point message: MPI_Isend/MPI_Irecv's request, freed if the op is dropped before
+// it completed (a failure elsewhere; freeing a collective's request would be erroneous).
+class MpiMessage : public MpiPending {
  public:
-  RingAllreduce(MPI_Comm comm, int rank, int size, int tag, void* buf, int64_t count, DataType dtype, ReduceOp op,
-                const void* send, std::shared_ptr<BufferPool> pool, double scale)
-      : comm_(comm), rank_(rank), size_(size), tag_(tag), buf_(static_cast<char*>(buf)),
-        send_(static_cast<const char*>(send && send != buf ? send : nullptr)), count_(count), dtype_(dtype), op_(op),
-        esize_(DataTypeSize(dtype)), scale_(scale), pool_(std::move(pool)) {
-    offsets_.resize(size_ + 1, 0);
-    for (int i = 0; i < size_; ++i) offsets_[i + 1] = offsets_[i] + count_ / size_ + (i < count_ % size_ ? 1 : 0);
-    if (!send_) scratch_ = pool_->Take(size_t(offsets_[1] - offsets_[0]) * esize_);
-    if (size_ == 1) {
-      if (send_ && count_) std::memcpy(buf_, send_, size_t(count_) * esize_);
-      if (scale_ != 1.0) ScaleInPlace(buf_, count_, dtype_, scale_);
-      step_ = Steps();
-    } else {
-      Post();
-    }
+  ~MpiMessage() override {
+    if (*request() == MPI_REQUEST_NULL) return;  // completed (or never posted)
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (!finalized) MPI_Request_free(request());
   }
-  ~RingAllreduce() override {
-    if (active_) {  // abandoned mid-way (a failure): MPI may still write into the scratch, so leak it
-      for (MPI_Request& r : reqs_) if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-      new std::vector<char>(std::move(scratch_));
-      return;
-    }
-    pool_->Give(std::move(scratch_));
-  }
-
-  Status Test(bool* done) override {
-    if (!error_.empty()) return Status::Internal(error_);
-    while (step_ < Steps()) {
-      int flag = 0;
-      int rc = MPI_Testall(2, reqs_, &flag, MPI_STATUSES_IGNORE);
-      if (rc != MPI_SUCCESS) return Fail(MpiError("MPI_Testall(ring allreduce)", rc));
-      if (!flag) {
-        *done = false;
-        return Status::Ok();
-      }
-      active_ = false;
-      if (step_ < size_ - 1) {  // reduce-scatter: fold what arrived into the output
-        const int seg = RecvSegment();
-        char* out = Segment(buf_, seg);
-        if (send_) {
-          ReduceInto(out, Segment(send_, seg), Count(seg), dtype_, op_);
-        } else {
-          ReduceInto(out, scratch_.data(), Count(seg), dtype_, op_);
-        }
-        // the last fold leaves this rank's own segment complete: scale it while it is in cache
-        if (step_ == size_ - 2 && scale_ != 1.0) ScaleInPlace(out, Count(seg), dtype_, scale_);
-      }
-      if (++step_ < Steps()) {
-        Post();
-        if (!error_.empty()) return Status::Internal(error_);
-      }
-    }
-    *done = true;
-    return Status::Ok();
-  }
-
- private:
-  int Steps() const { return 2 * (size_ - 1); }
-  int Mod(int v) const { return ((v % size_) + size_) % size_; }
-  int64_t Count(int seg) const { return offsets_[seg + 1] - offsets_[seg]; }
-  char* Segment(char* base, int seg) const { return base + offsets_[seg] * int64_t(esize_); }
-  const char* Segment(const char* base, int seg) const { return base + offsets_[seg] * int64_t(esize_); }
-  // Step k < p-1 sends segment rank-k and receives rank-k-1 (reduce-scatter); afterwards this
-  // rank holds the reduced segment rank+1, and step p-1+j sends rank+1-j, receives rank-j.
-  int SendSegment() const { return step_ < size_ - 1 ? Mod(rank_ - step_) : Mod(rank_ + 1 - (step_ - size_ + 1)); }
-  int RecvSegment() const { return step_ < size_ - 1 ? Mod(rank_ - step_ - 1) : Mod(rank_ - (step_ - size_ + 1)); }
-
-  void Post() {
-    const int to = Mod(rank_ + 1), from = Mod(rank_ - 1);
-    const int s = SendSegment(), r = RecvSegment();
-    const bool first = step_ == 0;
-    const char* src = first && send_ ? Segment(send_, s) : Segment(buf_, s);
-    char* dst = step_ < size_ - 1 && !send_ ? scratch_.data() : Segment(buf_, r);
-    int rc = MPI_Irecv(dst, int(Count(r) * int64_t(esize_)), MPI_BYTE, from, tag_, comm_, &reqs_[0]);
-    if (rc == MPI_SUCCESS) rc = MPI_Isend(src, int(Count(s) * int64_t(esize_)), MPI_BYTE, to, tag_, comm_, &reqs_[1]);
-    active_ = true;
-    if (rc != MPI_SUCCESS) Fail(MpiError("MPI_Isend/MPI_Irecv(ring allreduce)", rc));
-  }
-  Status Fail(std::string e) {
-    error_ = std::move(e);
-    return Status::Internal(error_);
-  }
-
-  MPI_Comm comm_;
-  const int rank_, size_, tag_;
-  char* buf_;
-  const char* send_;
-  const int64_t count_;
-  const DataType dtype_;
-  const ReduceOp op_;
-  const size_t esize_;
-  const double scale_;
-  std::shared_ptr<BufferPool> pool_;  // shared: an operation may outlive its communicator
-  std::vector<char> scratch_;
-  std::vector<int64_t> offsets_;
-  MPI_Request reqs_[2] = {MPI_REQUEST_NULL, MPI_REQUEST_NULL};
-  int step_ = 0;
-  bool active_ = false;
-  std::string error_;
-};
-
-// All-to-all as point-to-point messages: round k sends to rank+k and receives from rank-k,
-// up to kRounds rounds posted at once, this rank's own slice copied. MPICH's MPI_Ialltoallv
-// advances one small step per MPI_Test, so over TCP, tested every ~100 us by a thread that
-// sleeps between tests, a 256 KiB-per-peer exchange took 7.9 ms instead of 0.4 ms
-// (2 ranks, 10 Gbit/s emulated link); plain sends and receives move within one test.
-// Every message is posted, zero-length ones too, so the matching never depends on the counts
-// agreeing. `sends` and `recvs` are byte counts[size] then displacements[size]. Driven by Test.
-class PointToPointAlltoallv : public PendingOp {
- public:
-  static constexpr int kRounds = 32;
-  PointToPointAlltoallv(MPI_Comm comm, int rank, int size, int tag, const void* send, std::vector<int> sends,
-                        void* recv, std::vector<int> recvs)
-      : comm_(comm), rank_(rank), size_(size), tag_(tag), send_(static_cast<const char*>(send)),
-        recv_(static_cast<char*>(recv)), sends_(std::move(sends)), recvs_(std::move(recvs)) {
-    if (sends_[rank_] != recvs_[rank_]) {
-      error_ = "alltoall: this rank sends itself " + std::to_string(sends_[rank_]) + " bytes but expects " +
-               std::to_string(recvs_[rank_]);
-      return;
-    }
-    reqs_.reserve(2 * size_t(std::min(size_ - 1, kRounds)));
-    if (sends_[rank_] > 0) std::memcpy(recv_ + recvs_[size_ + rank_], send_ + sends_[size_ + rank_], sends_[rank_]);
-    PostRounds();
-  }
-  ~PointToPointAlltoallv() override {
-    for (MPI_Request& r : reqs_) if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
-  }
-
-  Status Test(bool* done) override {
-    *done = false;
-    while (error_.empty()) {
-      int flag = 0;
-      if (!reqs_.empty()) {
-        int rc = MPI_Testall(int(reqs_.size()), reqs_.data(), &flag, MPI_STATUSES_IGNORE);
-        if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Testall(alltoall)", rc));
-        if (!flag) return Status::Ok();
-        reqs_.clear();
-      }
-      if (next_ >= size_) {
-        *done = true;
-        return Status::Ok();
-      }
-      PostRounds();
-    }
-    return Status::Internal(error_);
-  }
-
- private:
-  void PostRounds() {
-    const int last = std::min(size_, next_ + kRounds);
-    for (; next_ < last; ++next_) {
-      const int to = (rank_ + next_) % size_, from = (rank_ - next_ + size_) % size_;
-      reqs_.push_back(MPI_REQUEST_NULL);
-      int rc = MPI_Irecv(recv_ + recvs_[size_ + from], recvs_[from], MPI_BYTE, from, tag_, comm_, &reqs_.back());
-      if (rc == MPI_SUCCESS) {
-        reqs_.push_back(MPI_REQUEST_NULL);
-        rc = MPI_Isend(send_ + sends_[size_ + to], sends_[to], MPI_BYTE, to, tag_, comm_, &reqs_.back());
-      }
-      if (rc != MPI_SUCCESS) {
-        error_ = MpiError("MPI_Isend/MPI_Irecv(alltoall)", rc);
-        return;
-      }
-    }
-  }
-
-  MPI_Comm comm_;
-  const int rank_, size_, tag_;
-  const char* send_;
-  char* recv_;
-  const std::vector<int> sends_, recvs_;
-  std::vector<MPI_Request> reqs_;
-  int next_ = 1;  // the next round to post
-  std::string error_;
 };
 
 class MpiCommunicator : public Communicator {
@@ -388,8 +218,7 @@ class MpiCommunicator : public Communicator {
     if (!FitsInt(count)) return TooLarge("allreduce");
     const int64_t bytes = count * int64_t(DataTypeSize(dtype));
     if (topo_.cross_size == 1 && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
-      return std::make_unique<RingAllreduce>(comm_, rank_, size_, NextTag(), buf, count, dtype, op, send, pool_,
-                                             scale);
+      return MakeRingAllreduce(this, tags_.Next(), buf, count, dtype, op, send, scale, pool_);
     }
     auto p = std::make_unique<MpiPending>();
     const MPI_Op mpi_op = OpFor(user_, dtype, op, topo_.cross_size > 1);
@@ -419,10 +248,9 @@ class MpiCommunicator : public Communicator {
   }
   std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,
                                        const std::vector<int64_t>& recv_bytes) override {
-    std::vector<int> s, r;
+    std::vector<int> s, r;  // refused as before the move to point-to-point: a slice or offset past int
     if (!CountsAndDispls(send_bytes, &s) || !CountsAndDispls(recv_bytes, &r)) return TooLarge("alltoall");
-    return std::make_unique<PointToPointAlltoallv>(comm_, rank_, size_, NextTag(), send, std::move(s), recv,
-                                                   std::move(r));
+    return MakePointToPointAlltoallv(this, tags_.Next(), send, send_bytes, recv, recv_bytes);
   }
   std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                            DataType dtype, ReduceOp op) override {
@@ -451,8 +279,29 @@ class MpiCommunicator : public Communicator {
     }
     return Status::Ok();
   }
+  std::unique_ptr<PendingOp> Send(const void* buf, int64_t bytes, int peer, int tag) override {
+    auto p = std::make_unique<MpiMessage>();
+    if (!MessageOk("send", bytes, peer, tag, p.get())) return p;
+    int rc = MPI_Isend(buf, int(bytes), MPI_BYTE, peer, tag, comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Isend");
+  }
+  std::unique_ptr<PendingOp> Recv(void* buf, int64_t bytes, int peer, int tag) override {
+    auto p = std::make_unique<MpiMessage>();
+    if (!MessageOk("receive", bytes, peer, tag, p.get())) return p;
+    int rc = MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, tag, comm_, p->request());
+    return Checked(std::move(p), rc, "MPI_Irecv");
+  }
 
  private:
+  // Whether a message's arguments are valid for MPI; otherwise the reason is set on p.
+  bool MessageOk(const char* what, int64_t bytes, int peer, int tag, MpiPending* p) const {
+    std::string why;
+    if (!FitsInt(bytes)) why = std::to_string(bytes) + " bytes (more than 2^31-1)";
+    if (peer < 0 || peer >= size_) why = "peer " + std::to_string(peer) + " of " + std::to_string(size_) + " ranks";
+    if (tag < 0 || tag > kMaxTag) why = "tag " + std::to_string(tag) + " outside 0.." + std::to_string(kMaxTag);
+    if (!why.empty()) p->SetError(std::string("point-to-point ") + what + ": " + why);
+    return why.empty();
+  }
   // out = counts[size] followed by displacements[size], as MPI ints.
   bool CountsAndDispls(const std::vector<int64_t>& sizes, std::vector<int>* out) const {
     out->assign(2 * size_, 0);
@@ -482,17 +331,13 @@ class MpiCommunicator : public Communicator {
     return t;
   }
 
-  // Tags of the point-to-point operations (ring allreduce, all-to-all). Every rank starts the
-  // same operations in the same order, so the tags agree.
-  int NextTag() { return tag_ = tag_ % kMaxTag + 1; }
-  static constexpr int kMaxTag = 32767;  // the least MPI_TAG_UB the standard allows
   std::map<int64_t, MPI_Datatype> control_types_;
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
   Topology topo_;
   UserOps user_;
   const int64_t ring_bytes_ = SettingInt("MLSL_TF_RING_BYTES");
-  int tag_ = 0;
+  TagSequence tags_;  // one per point-to-point operation (ring allreduce, all-to-all)
   // The ring's in-place scratch, one segment per operation in flight on this communicator.
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>(4, size_t(1) << 30);
 };

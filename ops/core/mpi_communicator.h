@@ -2,9 +2,10 @@
 // It is created by the thread that calls init and afterwards used only by the runtime's
 // background thread, which owns MPI (MPI is initialised with MPI_THREAD_MULTIPLE when mlsl_tf
 // initialises it, so a user's own mpi4py calls on other threads stay legal). Allreduces of at
-// least MLSL_TF_RING_BYTES among the ranks of one machine run as its own point-to-point ring
-// that reuses its buffers, and all-to-alls as point-to-point messages; the rest, and every
-// other collective across machines, as MPI's nonblocking collectives.
+// least MLSL_TF_RING_BYTES among the ranks of one machine run as the ring of p2p_algorithms.h
+// (reusing its buffers), and all-to-alls as that file's point-to-point all-to-all, both over
+// this communicator's Send/Recv (MPI_Isend/MPI_Irecv); the rest, and every other collective
+// across machines, as MPI's nonblocking collectives.
 #pragma once
 
 #include <memory>

@@ -73,6 +73,55 @@ class SimPending : public PendingOp {
   uint64_t handle_;
 };
 
+// A receive: done once paired with a send (SimCommunicator::Send) that is done. Dropped
+// unpaired, it leaves the queue, so the next send pairs with the next receive.
+class SimReceive : public PendingOp {
+ public:
+  SimReceive(const SimNetwork* net, std::shared_ptr<SimCommunicator::Mailbox> mailbox, std::pair<int, int> key,
+             std::shared_ptr<SimCommunicator::Receive> r)
+      : net_(net), mailbox_(std::move(mailbox)), key_(key), r_(std::move(r)) {}
+  ~SimReceive() override {
+    if (r_->paired) return;
+    auto it = mailbox_->queues.find(key_);
+    if (it == mailbox_->queues.end()) return;
+    auto& q = it->second.receives;
+    q.erase(std::remove(q.begin(), q.end(), r_), q.end());
+    if (q.empty() && it->second.sends.empty()) mailbox_->queues.erase(it);
+  }
+  Status Test(bool* done) override {
+    *done = r_->paired && net_->Done(r_->handle);
+    return Status::Ok();
+  }
+
+ private:
+  const SimNetwork* net_;
+  std::shared_ptr<SimCommunicator::Mailbox> mailbox_;
+  std::pair<int, int> key_;
+  std::shared_ptr<SimCommunicator::Receive> r_;
+};
+
+class SimFailed : public PendingOp {
+ public:
+  explicit SimFailed(std::string why) : why_(std::move(why)) {}
+  Status Test(bool* done) override {
+    *done = true;
+    return Status::Internal(why_);
+  }
+
+ private:
+  std::string why_;
+};
+
+// Why a message with these arguments cannot be posted ("" when it can).
+std::string MessageProblem(int size, int64_t bytes, int peer, int tag) {
+  if (peer < 0 || peer >= size) return "peer " + std::to_string(peer) + " of " + std::to_string(size) + " ranks";
+  if (tag < 0 || tag > Communicator::kMaxTag) {
+    return "tag " + std::to_string(tag) + " outside 0.." + std::to_string(Communicator::kMaxTag);
+  }
+  if (bytes < 0) return std::to_string(bytes) + " bytes";
+  return "";
+}
+
 int64_t Sum(const std::vector<int64_t>& v) {
   int64_t s = 0;
   for (int64_t x : v) s += x;
@@ -163,6 +212,19 @@ SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes) {
 SimCost BarrierCost(const SimFabric& f) {
   SimCost c;
   c.latency = Log2Ceil(f.ranks) * f.alpha;
+  return c;
+}
+
+SimCost MessageCost(const SimFabric& f, int64_t bytes, bool same_host) {
+  SimCost c;
+  if (same_host) {
+    c.latency = f.alpha_shm + bytes * f.beta_shm;
+    return c;
+  }
+  const double beta = SendBeta(f, f.ranks);
+  c.latency = f.alpha;
+  c.link = bytes * beta;
+  c.on_thread = OnThread(f, beta);
   return c;
 }
 
@@ -318,6 +380,47 @@ std::unique_ptr<PendingOp> SimCommunicator::Barrier() { return Start(BarrierCost
 Status SimCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) {
   *out = std::make_unique<SimCommunicator>(net_);
   return Status::Ok();
+}
+
+}  // namespace mlsl
+
+namespace mlsl {
+
+std::unique_ptr<PendingOp> SimCommunicator::Send(const void* buf, int64_t bytes, int peer, int tag) {
+  const std::string problem = MessageProblem(size(), bytes, peer, tag);
+  if (!problem.empty()) return std::make_unique<SimFailed>("point-to-point send: " + problem);
+  const SimFabric& f = net_->fabric();
+  SimCost c;  // to itself: a copy, free
+  if (peer != 0) c = MessageCost(f, bytes, peer < std::max(1, std::min(f.ranks_per_host, f.ranks)));
+  const uint64_t handle = net_->Start(c);
+  auto it = mailbox_->queues.find({peer, tag});
+  if (it != mailbox_->queues.end() && !it->second.receives.empty()) {
+    std::shared_ptr<Receive> r = std::move(it->second.receives.front());
+    it->second.receives.pop_front();
+    r->paired = true;
+    r->handle = handle;
+    if (it->second.receives.empty() && it->second.sends.empty()) mailbox_->queues.erase(it);
+  } else {
+    mailbox_->queues[{peer, tag}].sends.push_back(handle);
+  }
+  return std::make_unique<SimPending>(net_, handle);
+}
+
+std::unique_ptr<PendingOp> SimCommunicator::Recv(void* buf, int64_t bytes, int peer, int tag) {
+  const std::string problem = MessageProblem(size(), bytes, peer, tag);
+  if (!problem.empty()) return std::make_unique<SimFailed>("point-to-point receive: " + problem);
+  const std::pair<int, int> key((size() - peer) % size(), tag);  // the send this one mirrors
+  auto r = std::make_shared<Receive>();
+  auto it = mailbox_->queues.find(key);
+  if (it != mailbox_->queues.end() && !it->second.sends.empty()) {
+    r->paired = true;
+    r->handle = it->second.sends.front();
+    it->second.sends.pop_front();
+    if (it->second.receives.empty() && it->second.sends.empty()) mailbox_->queues.erase(it);
+  } else {
+    mailbox_->queues[key].receives.push_back(r);
+  }
+  return std::make_unique<SimReceive>(net_, mailbox_, key, std::move(r));
 }
 
 }  // namespace mlsl

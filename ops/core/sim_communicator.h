@@ -20,6 +20,8 @@
 //                                    (log2(p) + p-1) alpha + 2 (p-1)/p n beta
 //   reduce-scatter, n bytes in all   (p-1) alpha + (p-1)/p n (beta + gamma)       (pairwise)
 //   barrier                          log2(p) alpha                                 (dissemination)
+//   point-to-point message of n B    alpha + n beta (beta: SendBeta(p), every rank sending at once);
+//                                    to a rank of this host alpha_shm + n beta_shm, not on the link
 //   all-to-all and allgather(v) also pay codec x bytes of CPU work (the bf16 path's encode,
 //   reduce and decode on the background thread).
 //   shared_cores c > 0 (every rank's host emulated on one machine of c cores, as in
@@ -41,9 +43,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "communicator.h"
 #include "time_source.h"
@@ -98,6 +102,8 @@ SimCost AlltoallCost(const SimFabric& f, int64_t sent_bytes);
 SimCost BroadcastCost(const SimFabric& f, int64_t bytes);
 SimCost ReduceScatterCost(const SimFabric& f, int64_t total_bytes);
 SimCost BarrierCost(const SimFabric& f);
+// One point-to-point message of `bytes` to a rank on another host, or on this one.
+SimCost MessageCost(const SimFabric& f, int64_t bytes, bool same_host);
 
 // The virtual clock and the link shared by every operation in flight. Time only moves by
 // AdvanceTo; it starts at 0 (seconds).
@@ -166,10 +172,30 @@ class SimCommunicator : public Communicator {
   std::unique_ptr<PendingOp> Barrier() override;
   // Every rank is a member (the simulated ranks are identical): a new communicator on the same network.
   Status Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) override;
+  // A send costs MessageCost (nothing to itself). The ranks being identical, rank q sends this
+  // rank what this rank sends rank -q mod p: a receive from q completes when this rank's send
+  // to -q that it pairs with (in posting order, per tag) does. No bytes move: a receive leaves
+  // its buffer as it was (the simulator needs only the timing).
+  std::unique_ptr<PendingOp> Send(const void* buf, int64_t bytes, int peer, int tag) override;
+  std::unique_ptr<PendingOp> Recv(void* buf, int64_t bytes, int peer, int tag) override;
+
+  // The pairing of sends and receives (shared with the receives in flight).
+  struct Receive {
+    bool paired = false;
+    uint64_t handle = 0;  // the paired send's
+  };
+  struct Mailbox {
+    struct Queues {
+      std::deque<uint64_t> sends;                     // not yet paired, oldest first
+      std::deque<std::shared_ptr<Receive>> receives;  // not yet paired, oldest first
+    };
+    std::map<std::pair<int, int>, Queues> queues;     // by (rank sent to, tag)
+  };
 
  private:
   std::unique_ptr<PendingOp> Start(SimCost c);
   SimNetwork* net_;
+  std::shared_ptr<Mailbox> mailbox_ = std::make_shared<Mailbox>();
 };
 
 }  // namespace mlsl
