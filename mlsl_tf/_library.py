@@ -95,6 +95,23 @@ def error(cls, message):
 
 Setting = collections.namedtuple("Setting", "default doc value allowed")
 
+# The words of a yes/no setting, as the library's table allows them ("one of 1, 0, true, ...").
+YES_WORDS = ("1", "true", "on", "yes")
+NO_WORDS = ("0", "false", "off", "no")
+
+
+def yes_no(name, value, yes="on", no="off"):
+    """The bool a yes/no setting's `value` says: True for a word of YES_WORDS, False for one of
+    NO_WORDS (any case, spaces around ignored); else a ValueError naming the setting `name` and
+    the value. `yes` and `no` say what 1 and 0 mean for that setting, in the message."""
+    word = value.strip().lower()
+    if word in YES_WORDS:
+        return True
+    if word in NO_WORDS:
+        return False
+    raise ValueError(f"{name}={value!r}: expected 1 ({yes}) or 0 ({no}); "
+                     f"also {'/'.join(YES_WORDS[1:])} or {'/'.join(NO_WORDS[1:])}")
+
 
 def settings():
     """Every MLSL_TF_* setting the library declares: {name: Setting(default, doc, current value,

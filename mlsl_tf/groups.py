@@ -139,13 +139,12 @@ def init(comm=None, process_sets=None):
         _add(ps)
 
 
-_YES = ("1", "true", "on", "yes")
-
-
 def dynamic_process_sets():
     """Whether add_process_set / remove_process_set may run after init (MLSL_TF_DYNAMIC_PROCESS_SETS,
-    or Horovod's HOROVOD_DYNAMIC_PROCESS_SETS; on unless set to 0)."""
-    return _library.settings()["MLSL_TF_DYNAMIC_PROCESS_SETS"][2].strip().lower() in _YES
+    or Horovod's HOROVOD_DYNAMIC_PROCESS_SETS; on unless set to 0 or another no word)."""
+    name = "MLSL_TF_DYNAMIC_PROCESS_SETS"
+    return _library.yes_no(name, _library.settings()[name].value,
+                           yes="process sets may be added and removed after init", no="only at init")
 
 
 def _check_dynamic(what):

@@ -62,12 +62,7 @@ def enabled(choice=None):
     """Whether cross-iteration overlap is on: `choice` when given, else MLSL_TF_CROSS_ITERATION."""
     if choice is not None:
         return bool(choice)
-    value = _library.settings()[SETTING][2].strip().lower()
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{SETTING}={value!r}: expected 1 (on) or 0 (off)")
+    return _library.yes_no(SETTING, _library.settings()[SETTING].value)
 
 
 def _ops():

@@ -44,12 +44,7 @@ def inter_op_threads(spec):
 
 def spinning(spec):
     """Whether TensorFlow's pools may spin, for setting value `spec` ('1'/'0', on/off, ...)."""
-    value = (spec or "0").strip().lower()
-    if value in ("1", "true", "on", "yes"):
-        return True
-    if value in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"{SPINNING}={spec!r}: expected 1 (TensorFlow's spinning pools) or 0 (pools that sleep)")
+    return _library.yes_no(SPINNING, spec or "0", yes="TensorFlow's spinning pools", no="pools that sleep")
 
 
 def configure():

@@ -4,5 +4,7 @@ Pure, bottom-up: config.py (RunConfig, UsageError) < hosts.py (-H, hostfiles), r
 (rank environment), ssh.py (ssh options, the check's command and verdicts) < argv.py
 (mlslrun's command line), launchers.py (per-MPI argv).  ssh_check.py does the ssh I/O
 (the pre-flight check of the remote hosts); launch.py does the rest and runs them; task.py
-wraps each rank.
+wraps each rank, from placement.py (rank, CPUs), rank_status.py (status files, launch.py reads
+them too), output.py (output copies and tags), pmi_relay.py (the PMI relay) < child.py (the
+command's process).  Floors: tests/unit/test_floors.py RUNNER_FLOORS.
 """

@@ -44,14 +44,16 @@ import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
-from mlsl_tf.runner import ssh_check, task
+from mlsl_tf.runner import child, rank_status, ssh_check
 from mlsl_tf.runner.argv import build_parser, parse_args
 from mlsl_tf.runner.config import HostSlots, RunConfig, UsageError
 from mlsl_tf.runner.hosts import parse_hostfile
 from mlsl_tf.runner.launchers import (Flavour, build_launch_argv, choose_launcher, detect_flavour,
                                       make_plan, needs_ssh_exec, program_name, rank_command,
                                       ssh_options)
+from mlsl_tf.runner.pmi_relay import MPI_FINALIZED, MPI_NOT_FINALIZED, MPI_UNUSED
 from mlsl_tf.runner.rank_env import format_seconds, missing_env
+from mlsl_tf.runner.rank_status import RankStatus
 
 POLL_S = 0.1
 PEER_GRACE_S = 3.0  # how long a failure that only reports another rank's end waits for its cause
@@ -178,23 +180,23 @@ def check_build() -> int:
 
 def started_ranks(status_dir: str, num_proc: int) -> set[int]:
     """Ranks whose start marker exists."""
-    return {r for r in range(num_proc) if os.path.exists(task.start_marker_path(status_dir, r))}
+    return {r for r in range(num_proc) if os.path.exists(rank_status.start_marker_path(status_dir, r))}
 
 
-def rank_statuses(status_dir: str, num_proc: int) -> list[task.RankStatus]:
+def rank_statuses(status_dir: str, num_proc: int) -> list[RankStatus]:
     """The status files written so far; a rank whose command recorded an uncaught exception
     but has no status yet (it is still exiting, or its wrapper was killed first) counts as
     failed from when it raised."""
     out = []
     for r in range(num_proc):
-        s = task.read_status(task.status_path(status_dir, r))
+        s = rank_status.read_status(rank_status.status_path(status_dir, r))
         if s is None:
-            failure = task.read_failure(task.failure_path(status_dir, r))
+            failure = rank_status.read_failure(rank_status.failure_path(status_dir, r))
             if failure:
-                start = _read_json(task.start_marker_path(status_dir, r))
+                start = _read_json(rank_status.start_marker_path(status_dir, r))
                 pid = failure.pop("pid") or int(start.get("pid", 0))
-                s = task.RankStatus(rank=r, host=str(start.get("host", "?")), pid=pid,
-                                    exitcode=1, signal=None, forwarded=None, time=failure["failed_at"], **failure)
+                s = RankStatus(rank=r, host=str(start.get("host", "?")), pid=pid,
+                               exitcode=1, signal=None, forwarded=None, time=failure["failed_at"], **failure)
         if s is not None:
             out.append(s)
     return out
@@ -209,7 +211,7 @@ def _read_json(path: str) -> dict:
         return {}
 
 
-def first_failure(statuses: Sequence[task.RankStatus]) -> Optional[task.RankStatus]:
+def first_failure(statuses: Sequence[RankStatus]) -> Optional[RankStatus]:
     """The failed rank that most likely caused the job to fail (pure).
 
     Failures of ranks the launcher was stopping (``forwarded`` set) come last,
@@ -227,7 +229,7 @@ def first_failure(statuses: Sequence[task.RankStatus]) -> Optional[task.RankStat
 _SHUT_DOWN = re.compile(r"\branks? (\d+(?:, \d+)*) shut down\b")
 
 
-def shut_down_peer(failure: task.RankStatus) -> Optional[int]:
+def shut_down_peer(failure: RankStatus) -> Optional[int]:
     """The rank a failure only reports the end of (mlsl_tf's "rank N shut down, so collectives
     can no longer complete"; of "ranks N, M shut down" the first listed), or None (pure)."""
     m = _SHUT_DOWN.search(failure.error or "") if failure.caused_by_peer else None
@@ -235,24 +237,24 @@ def shut_down_peer(failure: task.RankStatus) -> Optional[int]:
     return next((r for r in peers if r != failure.rank), None)
 
 
-def blame(failure: task.RankStatus, status_dir: str) -> str:
+def blame(failure: RankStatus, status_dir: str) -> str:
     """The summary of the job's failure: the failed rank, or, when its failure only reports that
     another rank shut down first (it exited, even with code 0, or called shutdown() while the
     others still needed it), that rank, then the report."""
     peer = shut_down_peer(failure)
     if peer is None:
         return failure.describe()
-    host = _read_json(task.start_marker_path(status_dir, peer)).get("host", "?")
+    host = _read_json(rank_status.start_marker_path(status_dir, peer)).get("host", "?")
     return (f"rank {peer} (host {host}) left first: it shut mlsl_tf down (exit or shutdown()) while "
             f"the other ranks still needed it; {failure.describe()}")
 
 
-def early_leaver(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional[task.RankStatus]:
+def early_leaver(statuses: Sequence[RankStatus], num_proc: int) -> Optional[RankStatus]:
     """The rank that exited with code 0 first while some other rank still ran (no status yet,
     or one written later), or None (pure).  For a job whose launcher failed with no failed
     rank: MPI stops a job when a rank leaves without finalising.  A rank whose wrapper saw it
     finalize MPI, or never start it, left as it may: it is not the one."""
-    left = sorted((s for s in statuses if not s.failed and s.mpi not in (task.MPI_FINALIZED, task.MPI_UNUSED)),
+    left = sorted((s for s in statuses if not s.failed and s.mpi not in (MPI_FINALIZED, MPI_UNUSED)),
                   key=lambda s: (s.time, s.rank))
     if not left:
         return None
@@ -261,7 +263,7 @@ def early_leaver(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional
     return first if still_running else None
 
 
-def left_before_the_stop(statuses: Sequence[task.RankStatus], num_proc: int) -> Optional[task.RankStatus]:
+def left_before_the_stop(statuses: Sequence[RankStatus], num_proc: int) -> Optional[RankStatus]:
     """When every failed rank only failed because the launcher stopped it (its wrapper passed the
     launcher's signal on), the rank that exited with code 0 first while others still ran (as
     early_leaver), else None (pure).  Open MPI's mpirun stops a job so when a rank left without
@@ -272,17 +274,17 @@ def left_before_the_stop(statuses: Sequence[task.RankStatus], num_proc: int) -> 
     return early_leaver(statuses, num_proc)
 
 
-def unfinalized_leaver(statuses: Sequence[task.RankStatus], num_proc: int, now: float,
-                       grace: float = LEAVER_GRACE_S) -> Optional[task.RankStatus]:
+def unfinalized_leaver(statuses: Sequence[RankStatus], num_proc: int, now: float,
+                       grace: float = LEAVER_GRACE_S) -> Optional[RankStatus]:
     """The first rank that exited with code 0 without finalizing MPI at least ``grace`` seconds
     before ``now`` (wall clock) while some rank has not ended yet, or None (pure)."""
     if len({s.rank for s in statuses}) >= num_proc:
         return None  # every rank has ended
-    left = [s for s in statuses if not s.failed and s.mpi == task.MPI_NOT_FINALIZED and s.time + grace <= now]
+    left = [s for s in statuses if not s.failed and s.mpi == MPI_NOT_FINALIZED and s.time + grace <= now]
     return min(left, key=lambda s: (s.time, s.rank), default=None)
 
 
-def still_running(statuses: Sequence[task.RankStatus], num_proc: int, leaver: task.RankStatus) -> list[int]:
+def still_running(statuses: Sequence[RankStatus], num_proc: int, leaver: RankStatus) -> list[int]:
     """The ranks that had not ended when ``leaver`` did: no status, or a later one (pure)."""
     ended = {s.rank for s in statuses}
     return sorted([s.rank for s in statuses if s.time > leaver.time] + [r for r in range(num_proc) if r not in ended])
@@ -310,7 +312,7 @@ def _kill_when_parent_dies():
     parent = os.getpid()
 
     def preexec() -> None:
-        prctl(task._PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+        prctl(child.PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -373,11 +375,11 @@ class Outcome:
 
     code: int
     reason: Optional[str] = None
-    leaver: Optional[task.RankStatus] = None
+    leaver: Optional[RankStatus] = None
 
 
-def _stop_reason(statuses: Sequence[task.RankStatus], status_dir: str,
-                 num_proc: int) -> tuple[Optional[str], Optional[task.RankStatus]]:
+def _stop_reason(statuses: Sequence[RankStatus], status_dir: str,
+                 num_proc: int) -> tuple[Optional[str], Optional[RankStatus]]:
     """(why to stop the job now, the rank that left without finalizing MPI if that is why), or
     (None, None) while nothing calls for it."""
     failure = first_failure(statuses)
@@ -421,15 +423,15 @@ def _watch(job: _Job, status_dir: str, num_proc: int, start_timeout: Optional[fl
         time.sleep(POLL_S)
 
 
-def _report_leaver(leaver: task.RankStatus, statuses: Sequence[task.RankStatus], num_proc: int,
+def _report_leaver(leaver: RankStatus, statuses: Sequence[RankStatus], num_proc: int,
                    then: str) -> None:
-    how = ("without finalizing MPI (os._exit, or an exit before MPI_Finalize?)" if leaver.mpi == task.MPI_NOT_FINALIZED
+    how = ("without finalizing MPI (os._exit, or an exit before MPI_Finalize?)" if leaver.mpi == MPI_NOT_FINALIZED
            else "without finishing the job (os._exit, or an exit before mlsl_tf's shutdown?)")
     _err(f"job failed: {leaver.describe()} while {format_ranks(still_running(statuses, num_proc, leaver))} "
          f"still ran: it left {how}; {then}")
 
 
-def _left_early(code: int, status_dir: str, num_proc: int) -> Optional[task.RankStatus]:
+def _left_early(code: int, status_dir: str, num_proc: int) -> Optional[RankStatus]:
     """After a job in which no rank failed: when the launcher failed, or a rank that started
     never recorded its end (the launcher killed it with its wrapper), print which rank left
     first while others still ran and return it; else None."""
@@ -456,14 +458,14 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
     finalizing MPI, otherwise the launcher's own.
     """
     job = _Job(argv)
-    previous = {s: signal.signal(s, job.on_signal) for s in task.FORWARDED_SIGNALS}
+    previous = {s: signal.signal(s, job.on_signal) for s in child.FORWARDED_SIGNALS}
     try:
         outcome = _watch(job, status_dir, num_proc, start_timeout)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
     if job.first_signal is not None:
-        _err(f"job stopped: mlslrun received {task.signal_name(job.first_signal)}")
+        _err(f"job stopped: mlslrun received {rank_status.signal_name(job.first_signal)}")
         return 128 + job.first_signal
     statuses = rank_statuses(status_dir, num_proc)
     if outcome.leaver is not None:  # the other ranks' ends are mlslrun's doing

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from mlsl_tf import cores
-from mlsl_tf.runner import task
+from mlsl_tf.runner import placement, task
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 ALLOWED = set(os.sched_getaffinity(0))
@@ -41,44 +41,44 @@ def test_mlslrun_and_the_rank_wrapper_use_the_one_parser():
     for bad in ("1,,2", "", "x"):
         with pytest.raises(ValueError):
             flag.convert(bad)
-    assert task.COMM_CORE_ENV == cores.SETTING
+    assert placement.COMM_CORE_ENV == cores.SETTING
 
 
 def test_find_local_rank():
-    assert task.find_local_rank({"MPI_LOCALRANKID": "1"}) == 1
-    assert task.find_local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}) == 2
-    assert task.find_local_rank({"SLURM_LOCALID": "3"}) == 3
-    assert task.find_local_rank({"PMI_RANK": "4"}) is None
+    assert placement.find_local_rank({"MPI_LOCALRANKID": "1"}) == 1
+    assert placement.find_local_rank({"OMPI_COMM_WORLD_LOCAL_RANK": "2"}) == 2
+    assert placement.find_local_rank({"SLURM_LOCALID": "3"}) == 3
+    assert placement.find_local_rank({"PMI_RANK": "4"}) is None
     with pytest.raises(ValueError, match="MPI_LOCALRANKID='a'"):
-        task.find_local_rank({"MPI_LOCALRANKID": "a"})
+        placement.find_local_rank({"MPI_LOCALRANKID": "a"})
 
 
 def test_worker_cpus_leaves_out_every_listed_core_it_can():
-    assert task.worker_cpus({0, 1, 2, 3}, [3], 3) == ({0, 1, 2}, None)
-    assert task.worker_cpus({0, 1, 2, 3}, [2, 3], 2) == ({0, 1}, None)
+    assert placement.worker_cpus({0, 1, 2, 3}, [3], 3) == ({0, 1, 2}, None)
+    assert placement.worker_cpus({0, 1, 2, 3}, [2, 3], 2) == ({0, 1}, None)
     # every allowed core is some rank's comm core: leave out only this rank's
-    assert task.worker_cpus({0, 1}, [0, 1], 1) == ({0}, None)
+    assert placement.worker_cpus({0, 1}, [0, 1], 1) == ({0}, None)
 
 
 def test_worker_cpus_never_leaves_the_command_without_a_core():
-    cpus, why = task.worker_cpus({1}, [1], 1)
+    cpus, why = placement.worker_cpus({1}, [1], 1)
     assert cpus is None and "only core 1 is available" in why
-    cpus, why = task.worker_cpus({0, 1}, [5], 5)
+    cpus, why = placement.worker_cpus({0, 1}, [5], 5)
     assert cpus is None and "comm core 5 is not among this rank's cores 0,1" in why
 
 
 def test_affinity_plan():
-    assert task.affinity_plan({}, {0, 1}) == (None, None)
-    assert task.affinity_plan({"MLSL_TF_COMM_CORE": "1", "MPI_LOCALRANKID": "0"}, {0, 1, 2}) == ({0, 2}, None)
-    assert task.affinity_plan({"MLSL_TF_COMM_CORE": "1,2", "MPI_LOCALRANKID": "1"}, {0, 1, 2}) == ({0}, None)
-    cpus, why = task.affinity_plan({"MLSL_TF_COMM_CORE": "1"}, {0, 1})
+    assert placement.affinity_plan({}, {0, 1}) == (None, None)
+    assert placement.affinity_plan({"MLSL_TF_COMM_CORE": "1", "MPI_LOCALRANKID": "0"}, {0, 1, 2}) == ({0, 2}, None)
+    assert placement.affinity_plan({"MLSL_TF_COMM_CORE": "1,2", "MPI_LOCALRANKID": "1"}, {0, 1, 2}) == ({0}, None)
+    cpus, why = placement.affinity_plan({"MLSL_TF_COMM_CORE": "1"}, {0, 1})
     assert cpus is None and "MPI_LOCALRANKID" in why
-    cpus, why = task.affinity_plan({"MLSL_TF_COMM_CORE": "one", "MPI_LOCALRANKID": "0"}, {0, 1})
+    cpus, why = placement.affinity_plan({"MLSL_TF_COMM_CORE": "one", "MPI_LOCALRANKID": "0"}, {0, 1})
     assert cpus is None and "'one' is not a core number" in why
 
 
 def run_task(env_extra, code):
-    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS + task.LOCAL_RANK_ENV_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in placement.RANK_ENV_VARS + placement.LOCAL_RANK_ENV_VARS}
     env.update({"PMI_RANK": "0"}, **env_extra)
     return subprocess.run([sys.executable, task.__file__, "--", sys.executable, "-c", code], env=env,
                           capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)

@@ -2,7 +2,7 @@
 lower floors (at the top of the file or inside a function alike), so it can be read bottom-up.
 runner/ stands apart: it imports none of the package except, for --check-build, the loaded
 library and the package's version, and mlsl_tf.cores (standard library only), the one parser of
-MLSL_TF_COMM_CORE."""
+MLSL_TF_COMM_CORE.  runner/'s own modules have floors too (RUNNER_FLOORS), with the same rule."""
 
 import ast
 import pathlib
@@ -40,6 +40,25 @@ FLOORS = {
     "mlsl_tf": 10,              # the package: lazy exports of everything
 }
 RUNNER_MAY_IMPORT = {"mlsl_tf._library", "mlsl_tf", "mlsl_tf.cores"}
+# runner/ has floors of its own, with the same rule
+RUNNER_FLOORS = {
+    "mlsl_tf.runner": 0,              # the package: a docstring, imports nothing
+    "mlsl_tf.runner.config": 0,       # RunConfig, UsageError
+    "mlsl_tf.runner.placement": 0,    # the rank's number, local rank and CPUs (rank wrapper)
+    "mlsl_tf.runner.rank_status": 0,  # start marker, status and failure files (rank wrapper, mlslrun)
+    "mlsl_tf.runner.output": 0,       # the rank's output copies and tags (rank wrapper)
+    "mlsl_tf.runner.pmi_relay": 0,    # the PMI connection through the rank wrapper
+    "mlsl_tf.runner.hosts": 1,        # -H, hostfiles
+    "mlsl_tf.runner.rank_env": 1,     # the ranks' environment
+    "mlsl_tf.runner.ssh": 1,          # ssh options and the check's verdicts
+    "mlsl_tf.runner.child": 1,        # the rank's command as a child process (rank wrapper)
+    "mlsl_tf.runner.argv": 2,         # mlslrun's command line
+    "mlsl_tf.runner.launchers": 2,    # per-MPI launcher argv
+    "mlsl_tf.runner.ssh_check": 2,    # the ssh pre-flight check
+    "mlsl_tf.runner.launch": 3,       # mlslrun: runs the job
+    "mlsl_tf.runner.task": 3,         # the rank wrapper: puts its floor-0/1 modules together
+    "mlsl_tf.runner.__main__": 4,     # python -m mlsl_tf.runner
+}
 
 
 def module_name(path):
@@ -58,7 +77,7 @@ def imported_modules(path):
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mlsl_tf"):
             for a in node.names:  # "from mlsl_tf import ops" imports the module mlsl_tf.ops
                 sub = f"{node.module}.{a.name}"
-                out.add(sub if sub in FLOORS or sub.startswith("mlsl_tf.runner") else node.module)
+                out.add(sub if sub in FLOORS or sub in RUNNER_FLOORS else node.module)
     return out
 
 
@@ -88,6 +107,18 @@ def test_runner_stands_apart():
     for path in (PACKAGE / "runner").glob("*.py"):
         outside = {m for m in imported_modules(path) if not m.startswith("mlsl_tf.runner")}
         assert outside <= RUNNER_MAY_IMPORT, f"{path.name} imports {outside - RUNNER_MAY_IMPORT}"
+
+
+def test_runner_imports_go_only_downward():
+    missing = [module_name(p) for p in (PACKAGE / "runner").glob("*.py") if module_name(p) not in RUNNER_FLOORS]
+    assert missing == [], f"give these modules a floor in RUNNER_FLOORS: {missing}"
+    upward = []
+    for path in (PACKAGE / "runner").glob("*.py"):
+        me = module_name(path)
+        for other in imported_modules(path):
+            if other in RUNNER_FLOORS and other != me and RUNNER_FLOORS[other] >= RUNNER_FLOORS[me]:
+                upward.append(f"{me} (floor {RUNNER_FLOORS[me]}) imports {other} (floor {RUNNER_FLOORS[other]})")
+    assert upward == []
 
 
 def test_the_checker_sees_an_upward_import(tmp_path):

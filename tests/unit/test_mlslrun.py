@@ -18,7 +18,7 @@ import time
 import pytest
 
 from mlsl_tf import basics as hvd_basics
-from mlsl_tf.runner import launch, task
+from mlsl_tf.runner import launch, output, placement, rank_status, task
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
@@ -304,7 +304,7 @@ def test_check_build():
 
 
 def run_task(args, rank="0", timeout=60):
-    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in placement.RANK_ENV_VARS}
     env["PMI_RANK"] = rank
     return subprocess.run([sys.executable, task.__file__, *args], env=env,
                           capture_output=True, text=True, timeout=timeout,
@@ -316,7 +316,7 @@ def test_task_writes_markers_and_status(tmp_path):
                  rank="3")
     assert r.returncode == 4
     assert (tmp_path / "start.3.json").exists()
-    status = task.read_status(task.status_path(str(tmp_path), 3))
+    status = rank_status.read_status(rank_status.status_path(str(tmp_path), 3))
     assert status.exitcode == 4 and status.signal is None and status.failed
     assert "mlslrun: rank 3 (host " in r.stderr and "exited with code 4" in r.stderr
 
@@ -324,7 +324,7 @@ def test_task_writes_markers_and_status(tmp_path):
 def test_task_success_is_quiet(tmp_path):
     r = run_task(["--status-dir", str(tmp_path), "--", sys.executable, "-c", "print('ok')"])
     assert r.returncode == 0 and r.stdout == "ok\n" and r.stderr == ""
-    assert not task.read_status(task.status_path(str(tmp_path), 0)).failed
+    assert not rank_status.read_status(rank_status.status_path(str(tmp_path), 0)).failed
 
 
 def test_task_reports_signal(tmp_path):
@@ -338,44 +338,54 @@ def test_task_command_not_found():
 
 
 def test_task_without_rank_env_is_an_error():
-    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in placement.RANK_ENV_VARS}
     r = subprocess.run([sys.executable, task.__file__, "--", "true"], env=env,
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "PMI_RANK" in r.stderr
 
 
-def test_task_imports_only_the_core_list_parser(tmp_path):
-    """The rank wrapper starts before TensorFlow: of the package it loads the lazy __init__ and cores.py only."""
+# Every rank starts through task.py before its command, so the wrapper must start fast and must never
+# load TensorFlow or mlsl_tf's heavy modules (the loaded library, basics, ops ...).  Of the package it
+# loads exactly: the lazy __init__ (imports nothing), cores.py (the one parser of MLSL_TF_COMM_CORE)
+# and the wrapper's own modules of runner/ -- runner/__init__ (a docstring), placement, rank_status,
+# output, pmi_relay, child -- each standard library only.  Not launch.py, argv.py or the other
+# modules of mlslrun itself, which the wrapper never needs.  A module added here must be as light.
+TASK_MODULES = ["mlsl_tf", "mlsl_tf.cores", "mlsl_tf.runner", "mlsl_tf.runner.child", "mlsl_tf.runner.output",
+                "mlsl_tf.runner.placement", "mlsl_tf.runner.pmi_relay", "mlsl_tf.runner.rank_status"]
+
+
+def test_task_imports_only_light_modules(tmp_path):
+    """The rank wrapper starts before TensorFlow: of the package it loads TASK_MODULES only."""
     code = ("import runpy, sys; sys.argv = ['task.py', '--', 'true']; "
             f"runpy.run_path({task.__file__!r}, run_name='not_main'); "
             "loaded = sorted(m for m in sys.modules if m.split('.')[0] in ('mlsl_tf', 'tensorflow')); "
-            "assert loaded == ['mlsl_tf', 'mlsl_tf.cores'], loaded")
+            f"assert loaded == {TASK_MODULES!r}, loaded")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        timeout=60, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
 
 
 def test_find_rank():
-    assert task.find_rank({"PMI_RANK": "2"}) == 2
-    assert task.find_rank({"OMPI_COMM_WORLD_RANK": "5"}) == 5
-    assert task.find_rank({"SLURM_PROCID": "1", "PMIX_RANK": "7"}) == 1
-    assert task.find_rank({"PMIX_RANK": "7"}) == 7
+    assert placement.find_rank({"PMI_RANK": "2"}) == 2
+    assert placement.find_rank({"OMPI_COMM_WORLD_RANK": "5"}) == 5
+    assert placement.find_rank({"SLURM_PROCID": "1", "PMIX_RANK": "7"}) == 1
+    assert placement.find_rank({"PMIX_RANK": "7"}) == 7
     with pytest.raises(ValueError, match="none of PMI_RANK"):
-        task.find_rank({})
+        placement.find_rank({})
     with pytest.raises(ValueError, match="not a rank number"):
-        task.find_rank({"PMI_RANK": "x"})
+        placement.find_rank({"PMI_RANK": "x"})
 
 
 def test_rank_dir_name_pads_like_horovodrun():
-    assert task.rank_dir_name(1, 2) == "rank.1"
-    assert task.rank_dir_name(3, 16) == "rank.03"
-    assert task.rank_dir_name(7, 100) == "rank.07"
-    assert task.rank_dir_name(0, 1) == "rank.0"
-    assert task.rank_dir_name(4, None) == "rank.4"
+    assert output.rank_dir_name(1, 2) == "rank.1"
+    assert output.rank_dir_name(3, 16) == "rank.03"
+    assert output.rank_dir_name(7, 100) == "rank.07"
+    assert output.rank_dir_name(0, 1) == "rank.0"
+    assert output.rank_dir_name(4, None) == "rank.4"
 
 
 def status(rank, *, code=None, sig=None, forwarded=None, t=0.0, **failure):
-    return task.RankStatus(rank, "h", 100 + rank, code, sig, forwarded, t, **failure)
+    return rank_status.RankStatus(rank, "h", 100 + rank, code, sig, forwarded, t, **failure)
 
 
 def test_describe():
@@ -405,14 +415,14 @@ def test_first_failure_prefers_the_cause():
 
 def test_failure_record_counts_before_the_status(tmp_path):
     d = str(tmp_path)
-    with open(task.start_marker_path(d, 1), "w") as f:
+    with open(rank_status.start_marker_path(d, 1), "w") as f:
         json.dump({"rank": 1, "host": "hx", "pid": 7, "time": 0.0}, f)
-    with open(task.failure_path(d, 1), "w") as f:
+    with open(rank_status.failure_path(d, 1), "w") as f:
         json.dump({"time": 5.0, "pid": 8, "error": "ValueError: bad", "caused_by_peer": False}, f)
     [s] = launch.rank_statuses(d, 2)
     assert (s.rank, s.host, s.pid, s.exitcode, s.failed_at, s.caused_by_peer) == (1, "hx", 8, 1, 5.0, False)
     assert s.describe() == "rank 1 (host hx, pid 8) exited with code 1: ValueError: bad"
-    assert task.FAILURE_FILE_ENV == hvd_basics.FAILURE_FILE_ENV
+    assert rank_status.FAILURE_FILE_ENV == hvd_basics.FAILURE_FILE_ENV
 
 
 def test_exit_code_of():
@@ -649,20 +659,20 @@ def test_no_tag_output_passes_output_unchanged(tmp_path):
 
 
 def test_tag_lines():
-    tag = task.output_tag(3, "stderr")
+    tag = output.output_tag(3, "stderr")
     assert tag == b"[3]<stderr>:"
-    assert task.tag_lines(b"", b"a\nbc", tag) == ([b"[3]<stderr>:a\n"], b"bc")
-    assert task.tag_lines(b"bc", b"d\n\n", tag) == ([b"[3]<stderr>:bcd\n", b"[3]<stderr>:\n"], b"")
-    assert task.tag_lines(b"x", b"", tag, final=True) == ([b"[3]<stderr>:x\n"], b"")
-    assert task.tag_lines(b"", b"", tag, final=True) == ([], b"")
-    long = b"y" * (task._LINE_MAX + 5)
-    assert task.tag_lines(b"", long, tag) == ([tag + b"y" * task._LINE_MAX + b"\n"], b"yyyyy")
+    assert output.tag_lines(b"", b"a\nbc", tag) == ([b"[3]<stderr>:a\n"], b"bc")
+    assert output.tag_lines(b"bc", b"d\n\n", tag) == ([b"[3]<stderr>:bcd\n", b"[3]<stderr>:\n"], b"")
+    assert output.tag_lines(b"x", b"", tag, final=True) == ([b"[3]<stderr>:x\n"], b"")
+    assert output.tag_lines(b"", b"", tag, final=True) == ([], b"")
+    long = b"y" * (output.LINE_MAX + 5)
+    assert output.tag_lines(b"", long, tag) == ([tag + b"y" * output.LINE_MAX + b"\n"], b"yyyyy")
 
 
 def test_batch_lines_keeps_lines_whole():
     lines = [b"a" * 3, b"b" * 4, b"c" * 9, b"d" * 2]
-    assert task.batch_lines(lines, limit=8) == [b"aaabbbb", b"c" * 9, b"dd"]
-    assert task.batch_lines([], limit=8) == []
+    assert output.batch_lines(lines, limit=8) == [b"aaabbbb", b"c" * 9, b"dd"]
+    assert output.batch_lines([], limit=8) == []
 
 
 def test_early_leaver():
@@ -684,7 +694,7 @@ def test_graph_execution_error_keeps_the_op_message():
 
 def test_blame_names_the_rank_that_shut_down(tmp_path):
     d = str(tmp_path)
-    with open(task.start_marker_path(d, 1), "w") as f:
+    with open(rank_status.start_marker_path(d, 1), "w") as f:
         json.dump({"rank": 1, "host": "hx", "pid": 7, "time": 0.0}, f)
     error = "AbortedError: mlsl_tf: rank 1 shut down, so collectives can no longer complete"
     hit = status(0, code=1, t=2.0, failed_at=1.0, caused_by_peer=True, error=error)

@@ -15,62 +15,62 @@ import time
 
 import pytest
 
-from mlsl_tf.runner import launch, task
+from mlsl_tf.runner import launch, placement, pmi_relay, rank_status, task
 
 TIMEOUT_S = 120
 
 
 def status(rank, *, code=0, t=0.0, mpi=None, sig=None, forwarded=None):
-    return task.RankStatus(rank, "h", 100 + rank, code if sig is None else None, sig, forwarded, t, mpi=mpi)
+    return rank_status.RankStatus(rank, "h", 100 + rank, code if sig is None else None, sig, forwarded, t, mpi=mpi)
 
 
 # ---------------------------------------------------------------- PMI commands
 
 
 def test_pmi_commands_names_each_whole_command():
-    names, rest = task.pmi_commands(b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_maxes\ncmd=fin")
+    names, rest = pmi_relay.pmi_commands(b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=get_maxes\ncmd=fin")
     assert (names, rest) == (["init", "get_maxes"], b"cmd=fin")
-    names, rest = task.pmi_commands(rest + b"alize\n")
+    names, rest = pmi_relay.pmi_commands(rest + b"alize\n")
     assert (names, rest) == (["finalize"], b"")
     spawn = b"mcmd=spawn\nnprocs=1\nexecname=a.out\nendcmd\n"
-    assert task.pmi_commands(spawn + b"cmd=barrier_in\n") == (["spawn", "barrier_in"], b"")
-    assert task.pmi_commands(spawn[:-3]) == ([], spawn[:-3])
+    assert pmi_relay.pmi_commands(spawn + b"cmd=barrier_in\n") == (["spawn", "barrier_in"], b"")
+    assert pmi_relay.pmi_commands(spawn[:-3]) == ([], spawn[:-3])
     pmi2 = b"cmd=fullinit;pmirank=1;"
     framed = b"%6d" % len(pmi2) + pmi2
-    assert task.pmi_commands(framed + b"    13cmd=finalize;") == (["fullinit", "finalize"], b"")
-    assert task.pmi_commands(framed[:-1]) == ([], framed[:-1])
-    assert task.pmi_commands(b"cmd") == ([], b"cmd")  # fewer bytes than any command
+    assert pmi_relay.pmi_commands(framed + b"    13cmd=finalize;") == (["fullinit", "finalize"], b"")
+    assert pmi_relay.pmi_commands(framed[:-1]) == ([], framed[:-1])
+    assert pmi_relay.pmi_commands(b"cmd") == ([], b"cmd")  # fewer bytes than any command
 
 
 def test_pmi_commands_rejects_other_bytes():
     with pytest.raises(ValueError, match="not a PMI command"):
-        task.pmi_commands(b"hello world\n")
+        pmi_relay.pmi_commands(b"hello world\n")
     with pytest.raises(ValueError, match="not a PMI-2 command"):
-        task.pmi_commands(b"     5hello")
+        pmi_relay.pmi_commands(b"     5hello")
 
 
 # ---------------------------------------------------------------- the decision (pure)
 
 
 def test_unfinalized_leaver():
-    left = status(1, t=10.0, mpi=task.MPI_NOT_FINALIZED)
+    left = status(1, t=10.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
     assert launch.unfinalized_leaver([left], 2, now=13.0, grace=3.0) == left
     assert launch.unfinalized_leaver([left], 2, now=12.9, grace=3.0) is None  # the launcher's turn still
     assert launch.unfinalized_leaver([left, status(0, t=11.0)], 2, now=20.0) is None  # every rank ended
-    for mpi in (task.MPI_FINALIZED, task.MPI_UNUSED, None):  # left as it may, or not seen
+    for mpi in (pmi_relay.MPI_FINALIZED, pmi_relay.MPI_UNUSED, None):  # left as it may, or not seen
         assert launch.unfinalized_leaver([status(1, t=10.0, mpi=mpi)], 2, now=20.0) is None
-    failed = task.RankStatus(1, "h", 101, 3, None, None, 10.0, mpi=task.MPI_NOT_FINALIZED)
+    failed = rank_status.RankStatus(1, "h", 101, 3, None, None, 10.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
     assert launch.unfinalized_leaver([failed], 2, now=20.0) is None  # a failure, handled as one
-    first = status(2, t=9.0, mpi=task.MPI_NOT_FINALIZED)
+    first = status(2, t=9.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
     assert launch.unfinalized_leaver([left, first], 4, now=20.0) == first
 
 
 def test_early_leaver_is_not_a_rank_that_finalized():
-    finalized = status(1, t=1.0, mpi=task.MPI_FINALIZED)
-    culprit = status(2, t=2.0, mpi=task.MPI_NOT_FINALIZED)
+    finalized = status(1, t=1.0, mpi=pmi_relay.MPI_FINALIZED)
+    culprit = status(2, t=2.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
     assert launch.early_leaver([finalized, culprit], 3) == culprit
     assert launch.early_leaver([finalized], 2) is None
-    assert launch.early_leaver([status(1, t=1.0, mpi=task.MPI_UNUSED)], 2) is None
+    assert launch.early_leaver([status(1, t=1.0, mpi=pmi_relay.MPI_UNUSED)], 2) is None
     assert launch.still_running([finalized, culprit, status(0, t=5.0)], 4, culprit) == [0, 3]
 
 
@@ -81,15 +81,15 @@ def test_the_rank_that_left_is_blamed_for_the_launchers_stop():
     assert launch.left_before_the_stop([left, stopped], 2) == left
     assert launch.left_before_the_stop([left], 2) is None  # nothing failed
     assert launch.left_before_the_stop([left, stopped, status(2, code=3, t=1.5)], 3) is None  # a real failure
-    assert launch.left_before_the_stop([status(1, t=1.0, mpi=task.MPI_FINALIZED), stopped], 2) is None
+    assert launch.left_before_the_stop([status(1, t=1.0, mpi=pmi_relay.MPI_FINALIZED), stopped], 2) is None
 
 
 def test_status_files_without_mpi_still_read(tmp_path):
-    path = task.status_path(str(tmp_path), 0)
+    path = rank_status.status_path(str(tmp_path), 0)
     with open(path, "w") as f:  # written by an older wrapper
         json.dump({"rank": 0, "host": "h", "pid": 1, "exitcode": 0, "signal": None, "forwarded": None,
                    "time": 1.0}, f)
-    assert task.read_status(path).mpi is None
+    assert rank_status.read_status(path).mpi is None
 
 
 # ---------------------------------------------------------------- _watch with a fake job
@@ -116,13 +116,13 @@ class FakeJob:
 
 
 def write_status(status_dir, s):
-    task._write_status(str(status_dir), s)
+    rank_status.write_status(str(status_dir), s)
 
 
 def test_watch_stops_a_job_a_rank_left_without_finalizing(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(launch, "LEAVER_GRACE_S", 1.0)
     left_at = time.time()
-    write_status(tmp_path, task.RankStatus(1, "h", 101, 0, None, None, left_at, mpi=task.MPI_NOT_FINALIZED))
+    write_status(tmp_path, rank_status.RankStatus(1, "h", 101, 0, None, None, left_at, mpi=pmi_relay.MPI_NOT_FINALIZED))
     job = FakeJob()
     start = time.monotonic()
     outcome = launch._watch(job, str(tmp_path), 2, None)
@@ -136,8 +136,8 @@ def test_watch_stops_a_job_a_rank_left_without_finalizing(tmp_path, capsys, monk
 
 def test_watch_leaves_a_rank_that_finalized(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(launch, "LEAVER_GRACE_S", 0.0)
-    for mpi in (task.MPI_FINALIZED, task.MPI_UNUSED, None):
-        write_status(tmp_path, task.RankStatus(1, "h", 101, 0, None, None, time.time() - 60, mpi=mpi))
+    for mpi in (pmi_relay.MPI_FINALIZED, pmi_relay.MPI_UNUSED, None):
+        write_status(tmp_path, rank_status.RankStatus(1, "h", 101, 0, None, None, time.time() - 60, mpi=mpi))
         job = FakeJob(ends_after=20)
         assert launch._watch(job, str(tmp_path), 2, None) == launch.Outcome(0)
         assert job.stopped_at is None
@@ -147,7 +147,7 @@ def test_watch_leaves_a_rank_that_finalized(tmp_path, capsys, monkeypatch):
 def test_watch_gives_the_launcher_its_grace(tmp_path, monkeypatch):
     # hydra usually ends such a job itself within the grace: then mlslrun stops nothing
     monkeypatch.setattr(launch, "LEAVER_GRACE_S", 30.0)
-    write_status(tmp_path, task.RankStatus(1, "h", 101, 0, None, None, time.time(), mpi=task.MPI_NOT_FINALIZED))
+    write_status(tmp_path, rank_status.RankStatus(1, "h", 101, 0, None, None, time.time(), mpi=pmi_relay.MPI_NOT_FINALIZED))
     job = FakeJob(ends_after=5, code=9)
     assert launch._watch(job, str(tmp_path), 2, None) == launch.Outcome(9)
     assert job.stopped_at is None
@@ -160,7 +160,7 @@ def run_task_with_pmi(tmp_path, source, rank=0):
     """task.py with a PMI connection whose far end this test serves: each command line gets
     ``cmd=reply_to_NAME``.  Returns (bytes the server got, the wrapper's CompletedProcess)."""
     server, client = socket.socketpair()
-    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in placement.RANK_ENV_VARS}
     env.update(PMI_RANK=str(rank), PMI_FD=str(client.fileno()))
     proc = subprocess.Popen([sys.executable, task.__file__, "--status-dir", str(tmp_path), "--",
                              sys.executable, "-c", textwrap.dedent(source)],
@@ -206,7 +206,7 @@ def test_task_relays_pmi_and_records_finalize(tmp_path):
     assert r.returncode == 0, r.stderr
     assert got == b"cmd=init pmi_version=1 pmi_subversion=1\ncmd=finalize\n"  # passed on unchanged
     assert r.stdout == "cmd=reply_to_init\ncmd=reply_to_finalize\n"  # and the replies back
-    assert task.read_status(task.status_path(str(tmp_path), 0)).mpi == task.MPI_FINALIZED
+    assert rank_status.read_status(rank_status.status_path(str(tmp_path), 0)).mpi == pmi_relay.MPI_FINALIZED
 
 
 def test_task_records_an_exit_without_finalize(tmp_path):
@@ -215,23 +215,23 @@ def test_task_records_an_exit_without_finalize(tmp_path):
         os._exit(0)
     """), rank=1)
     assert r.returncode == 0 and got == b"cmd=init pmi_version=1 pmi_subversion=1\n", r.stderr
-    s = task.read_status(task.status_path(str(tmp_path), 1))
-    assert (s.exitcode, s.mpi) == (0, task.MPI_NOT_FINALIZED)
+    s = rank_status.read_status(rank_status.status_path(str(tmp_path), 1))
+    assert (s.exitcode, s.mpi) == (0, pmi_relay.MPI_NOT_FINALIZED)
 
 
 def test_task_records_a_command_that_never_used_mpi(tmp_path):
     got, r = run_task_with_pmi(tmp_path, "print('no MPI here')")
     assert r.returncode == 0 and r.stdout == "no MPI here\n" and got == b""
-    assert task.read_status(task.status_path(str(tmp_path), 0)).mpi == task.MPI_UNUSED
+    assert rank_status.read_status(rank_status.status_path(str(tmp_path), 0)).mpi == pmi_relay.MPI_UNUSED
 
 
 def test_task_without_a_pmi_connection_records_nothing(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in task.RANK_ENV_VARS and k != task.PMI_FD_ENV}
+    env = {k: v for k, v in os.environ.items() if k not in placement.RANK_ENV_VARS and k != pmi_relay.PMI_FD_ENV}
     env["PMI_RANK"] = "0"
     r = subprocess.run([sys.executable, task.__file__, "--status-dir", str(tmp_path), "--", "true"],
                        env=env, capture_output=True, text=True, timeout=TIMEOUT_S)
     assert r.returncode == 0, r.stderr
-    assert task.read_status(task.status_path(str(tmp_path), 0)).mpi is None
+    assert rank_status.read_status(rank_status.status_path(str(tmp_path), 0)).mpi is None
 
 
 # ---------------------------------------------------------------- whole jobs under a launcher that notices nothing
