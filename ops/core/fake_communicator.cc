@@ -9,7 +9,7 @@
 namespace mlsl {
 namespace {
 
-enum Kind { kAllreduce = 1, kControl, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier, kSplit };
+enum Kind { kAllreduce = 1, kWords, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier, kSplit };
 
 class FailedPending : public PendingOp {
  public:
@@ -76,12 +76,12 @@ void FakeWorld::Compute(Slot* slot) {
   const int n = size_;
   switch (p[0].kind) {
     case kAllreduce:
-    case kControl: {
-      size_t bytes = p[0].count * (p[0].kind == kControl ? 8 : DataTypeSize(p[0].dtype));
+    case kWords: {
+      size_t bytes = p[0].count * (p[0].kind == kWords ? 8 : DataTypeSize(p[0].dtype));
       std::vector<char> acc(static_cast<char*>(p[0].buf), static_cast<char*>(p[0].buf) + bytes);
       for (int r = 1; r < n; ++r) {
-        if (p[0].kind == kControl) {
-          CombineControl(static_cast<const uint64_t*>(p[r].buf), reinterpret_cast<uint64_t*>(acc.data()), p[0].count);
+        if (p[0].kind == kWords) {
+          p[0].combine(static_cast<const uint64_t*>(p[r].buf), reinterpret_cast<uint64_t*>(acc.data()), p[0].count);
         } else {
           ReduceInto(acc.data(), p[r].buf, p[0].count, p[0].dtype, p[0].op);
         }
@@ -157,9 +157,9 @@ std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count,
   return ScaledWhenDone(Start(std::move(p)), buf, count, dtype, scale);
 }
 
-std::unique_ptr<PendingOp> FakeCommunicator::Control(uint64_t* words, int64_t count) {
+std::unique_ptr<PendingOp> FakeCommunicator::AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) {
   FakeWorld::Part p;
-  p.kind = kControl; p.buf = words; p.count = count;
+  p.kind = kWords; p.buf = words; p.count = count; p.combine = combine;
   return Start(std::move(p));
 }
 

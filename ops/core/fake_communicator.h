@@ -29,6 +29,7 @@ class FakeWorld {
     int64_t count = 0;
     DataType dtype = DataType::kUint8;
     ReduceOp op = ReduceOp::kSum;
+    CombineFn combine = nullptr;  // AllreduceWords
     int root = 0;
     std::vector<int64_t> sizes, recv_sizes;
     std::shared_ptr<FakeWorld>* world_out = nullptr;  // Split: where a member gets its new world
@@ -58,7 +59,7 @@ class FakeCommunicator : public Communicator {
   Topology topology() const override;
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                        const void* send = nullptr, double scale = 1.0) override;
-  std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override;
+  std::unique_ptr<PendingOp> AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) override;
   std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
   std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;
   int64_t max_message_bytes() const override { return world_->max_message_bytes; }

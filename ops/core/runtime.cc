@@ -23,16 +23,6 @@ void ClearBit(std::vector<uint64_t>& w, int64_t offset_words, int64_t bit) {
 void SetBit(std::vector<uint64_t>& w, int64_t offset_words, int64_t bit) {
   w[offset_words + bit / 64] |= uint64_t(1) << (bit % 64);
 }
-bool TestBit(const std::vector<uint64_t>& w, int64_t offset_words, int64_t bit) {
-  return (w[offset_words + bit / 64] >> (bit % 64)) & 1;
-}
-
-constexpr uint64_t kNobodyAnnounces = 1;  // flags word, bit 0 (inverted OR)
-constexpr uint64_t kNobodyBusy = 2;       // flags word, bit 1: no rank has transfers queued or in flight
-constexpr uint64_t kNobodyStalled = 4;    // bit 2: no rank has a request due for a stall warning
-constexpr uint64_t kNobodyPastLimit = 8;  // bit 3: no rank has waited past MLSL_TF_STALL_SHUTDOWN_SECONDS
-constexpr uint64_t kNobodyWaits = 16;     // bit 4: no rank has a request or a join pending
-// bit 5 (kLayoutAgrees, communicator.h): cleared by CombineControl when two ranks' layouts differ
 
 SchedulerOptions OptionsFromSettings() {
   SchedulerOptions o;
@@ -323,45 +313,34 @@ bool Runtime::Cycle(bool* progress) {
   *progress = !incoming.empty();
   for (auto& r : incoming) Intake(std::move(r));
 
-  // Control layout: [k][flags][joined ranks][shut-down ranks][ready ids] (AND)
-  //                 [units done, one word per group] (MIN; a non-member contributes the maximum).
-  const int rank_words = Words(size_);
+  ControlMessage& m = message_;
+  m = ControlMessage();
+  m.joined.assign(size_, false);
+  m.shut_down.assign(size_, false);
+  if (join_) m.joined[rank_] = true;  // a joined rank is ready for everything
+  if (stopping) m.shut_down[rank_] = true;
+  m.busy = !AllIdle();
+  m.waits = !pending_.empty() || join_;
+  StallFlags(&m.stalled, &m.past_limit);
   const int32_t num_ids = coordinator_.num_ids();
   const int num_groups = int(groups_.size());
-  const int64_t flags_at = 1, joined_at = 2, shut_at = 2 + rank_words, ready_at = 2 + 2 * rank_words;
-  //                 [the largest eager region any rank wants next cycle, complemented] (MIN)
-  //                 [the id table's fingerprint, and its complement] (MIN: both equal min and max)
-  //                 [this cycle's eager region: small allreduces riding along (eager.h)]
-  const int64_t done_at = ready_at + Words(num_ids);
-  const int64_t wanted_at = done_at + num_groups, table_at = wanted_at + 1, eager_at = table_at + 2;
-  std::vector<uint64_t> bits(eager_at + eager_words_, ~uint64_t(0));
-  bits[0] = uint64_t(done_at - 1) | (uint64_t(num_groups + 3) << 32);
-  bits[table_at] = coordinator_.fingerprint();
-  bits[table_at + 1] = ~coordinator_.fingerprint();
-  if (join_) ClearBit(bits, joined_at, rank_);  // a joined rank is ready for everything
-  if (stopping) ClearBit(bits, shut_at, rank_);
-  if (!AllIdle()) bits[flags_at] &= ~kNobodyBusy;
-  if (!pending_.empty() || join_) bits[flags_at] &= ~kNobodyWaits;
-  bool stall_warn = false, stall_shut = false;
-  StallFlags(&stall_warn, &stall_shut);
-  if (stall_warn) bits[flags_at] &= ~kNobodyStalled;
-  if (stall_shut) bits[flags_at] &= ~kNobodyPastLimit;
-  if (!join_) {
-    std::fill(bits.begin() + ready_at, bits.begin() + done_at, 0);
-    // Collectives of groups this rank is not in never wait for it.
-    for (size_t w = 0; w < foreign_.size() && int64_t(w) < done_at - ready_at; ++w) bits[ready_at + w] |= foreign_[w];
-  }
+  m.ready.assign(Words(num_ids), join_ ? ~uint64_t(0) : 0);
+  // Collectives of groups this rank is not in never wait for it.
+  if (!join_) for (size_t w = 0; w < foreign_.size() && w < m.ready.size(); ++w) m.ready[w] |= foreign_[w];
   for (auto& [name, l] : pending_) {
-    if (l.state == Local::kToAnnounce) bits[flags_at] &= ~kNobodyAnnounces;
-    if (l.state == Local::kReady && !join_) SetBit(bits, ready_at, l.id);
+    if (l.state == Local::kToAnnounce) m.announces = true;
+    if (l.state == Local::kReady && !join_) m.SetReady(l.id);
   }
+  m.units_done.assign(num_groups, ~uint64_t(0));
   for (int g = 0; g < num_groups; ++g) {
-    if (groups_[g]->member()) bits[done_at + g] = groups_[g]->scheduler->completed_prefix();
+    if (groups_[g]->member()) m.units_done[g] = groups_[g]->scheduler->completed_prefix();
   }
-  bits[wanted_at] = ~uint64_t(FillEager(&bits, eager_at));
+  m.fingerprint = coordinator_.fingerprint();
+  m.wanted_eager = FillEager(&m.eager);
+  m.Encode(&words_);
   Communicator* control = control_comm_ ? control_comm_.get() : comm_.get();
   if (timeline_->enabled()) cycle_started_ = std::chrono::steady_clock::now();  // for the timeline only
-  auto op = control->Control(bits.data(), int64_t(bits.size()));
+  auto op = control->AllreduceWords(words_.data(), int64_t(words_.size()), &ControlMessage::Combine);
   Status s = Wait(op.get(), [this] {
     // chunks in flight keep moving while the control message travels
     for (auto& g : groups_) if (g->member()) g->scheduler->Progress();
@@ -374,15 +353,15 @@ bool Runtime::Cycle(bool* progress) {
     Close("mlsl_tf: the background cycle failed: " + s.message(), StatusCode::kUnavailable);
     return false;
   }
-
-  if (!(bits[flags_at] & kLayoutAgrees) || bits[table_at] != ~bits[table_at + 1]) {
+  m.Decode(words_.data(), int64_t(words_.size()), size_);
+  if (!m.agrees) {
     // Ids (ready bits, eager entries) would name different collectives on different ranks.
     Close("mlsl_tf: the ranks no longer agree on the ids of collective names (their caches of agreed names "
           "differ; is MLSL_TF_CACHE_CAPACITY the same on every rank?), so no collective can be paired safely");
     return false;
   }
   std::vector<int> gone;
-  for (int r = 0; r < size_; ++r) if (r != rank_ && !TestBit(bits, shut_at, r)) gone.push_back(r);
+  for (int r = 0; r < size_; ++r) if (r != rank_ && m.shut_down[r]) gone.push_back(r);
   if (!gone.empty()) {
     Close(std::string("mlsl_tf: rank") + (gone.size() > 1 ? "s " : " ") + RankList(gone) +
           " shut down, so collectives can no longer complete", StatusCode::kUnavailable);
@@ -392,15 +371,15 @@ bool Runtime::Cycle(bool* progress) {
     Close("mlsl_tf has been shut down on rank " + std::to_string(rank_));
     return false;
   }
-  if (!(bits[flags_at] & kNobodyStalled) || !(bits[flags_at] & kNobodyPastLimit)) {
-    if (!ReportStalls(!(bits[flags_at] & kNobodyPastLimit))) return false;
+  if (m.stalled || m.past_limit) {
+    if (!ReportStalls(m.past_limit)) return false;
   }
 
   std::vector<bool> joined(size_);
   bool all_joined = true;
   int newest = -1;
   for (int r = 0; r < size_; ++r) {
-    joined[r] = !TestBit(bits, joined_at, r);
+    joined[r] = m.joined[r];
     all_joined = all_joined && joined[r];
     if (joined[r] && !joined_before_[r]) newest = r;
   }
@@ -411,23 +390,22 @@ bool Runtime::Cycle(bool* progress) {
   joined_before_ = joined;
 
   std::vector<int32_t> agreed;
-  const bool nobody_announced = bits[flags_at] & kNobodyAnnounces;
-  if (!nobody_announced) {
+  if (m.announces) {
     if (!Negotiate(joined, &agreed)) return false;
     stats_.NamesKnown(coordinator_.num_ids());
     *progress = true;
   }
   if (!all_joined) {
     for (int32_t id = 0; id < num_ids; ++id) {
-      if (TestBit(bits, ready_at, id) && !Foreign(id)) agreed.push_back(id);
+      if (m.Ready(id) && !Foreign(id)) agreed.push_back(id);
     }
   }
   std::sort(agreed.begin(), agreed.end());
   ++cycle_;
   // Every rank has the same valid entries: those every rank contributed, reduced.
   std::vector<int32_t> eager;
-  if (!FinishEager(bits.data() + eager_at, eager_words_, &eager)) return false;
-  eager_words_ = int64_t(~bits[wanted_at]);
+  if (!FinishEager(m.eager.data(), int64_t(m.eager.size()), &eager)) return false;
+  eager_words_ = m.wanted_eager;
   if (!eager.empty()) *progress = true;
   for (int32_t id : agreed) {
     coordinator_.Touch(id, cycle_);
@@ -458,7 +436,7 @@ bool Runtime::Cycle(bool* progress) {
     std::vector<bool> group_joined(group.ranks.size());
     for (size_t i = 0; i < group.ranks.size(); ++i) group_joined[i] = joined[group.ranks[i]];
     const uint64_t before = group.scheduler->started();
-    group.scheduler->StartUpTo(bits[done_at + g] + uint64_t(options_.inflight), group_joined, bits[done_at + g]);
+    group.scheduler->StartUpTo(m.units_done[g] + uint64_t(options_.inflight), group_joined, m.units_done[g]);
     group.scheduler->Progress();
     // Small transfers just started usually finish within microseconds: finishing them here
     // saves a control round trip before the framework sees the result.
@@ -473,9 +451,8 @@ bool Runtime::Cycle(bool* progress) {
   // A program that keeps making names is rarely quiet between two of its requests, so when
   // there are too many names every rank holds back new requests for up to 4 cycles (at most
   // every 16 cycles) to let the requests already pending finish.
-  const uint64_t quiet = kNobodyBusy | kNobodyWaits | kNobodyAnnounces;
   const bool too_many = size_t(coordinator_.num_ids()) > cache_capacity_;
-  if (too_many && (bits[flags_at] & quiet) == quiet) {
+  if (too_many && !m.busy && !m.waits && !m.announces) {
     ForgetNames();
     drain_ = false;
   } else if (too_many && cycle_ >= next_drain_) {
@@ -487,7 +464,7 @@ bool Runtime::Cycle(bool* progress) {
   }
   // Join completes in the same cycle everywhere: all joined, nothing in flight anywhere and
   // nothing new -- all three facts come from the control message, so every rank sees them.
-  if (all_joined && nobody_announced && (bits[flags_at] & kNobodyBusy)) {
+  if (all_joined && !m.announces && !m.busy) {
     FinishJoin(last_joined_);
     std::fill(joined_before_.begin(), joined_before_.end(), false);
     *progress = true;

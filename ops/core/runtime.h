@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "communicator.h"
+#include "control_message.h"
 #include "coordinator.h"
 #include "executor.h"
 #include "scheduler.h"
@@ -138,12 +139,12 @@ class Runtime {
   void RaisePriority();  // MLSL_TF_COMM_NICE
   void Finish(const std::string& name, const Status& s);
   // Eager allreduces (eager.h): whether a request is of a kind and size that may ride in the
-  // control message (once ready); fills the region at (*bits)[at..) with this rank's ready ones
-  // and returns the region it wants next cycle (0: none); finishes the requests of a combined
+  // control message (once ready); fills *region (this cycle's agreed size) with this rank's
+  // ready ones and returns the region it wants next cycle (0: none); finishes the requests of a combined
   // region's valid entries, putting their ids in order into *ids; false (the runtime closed)
   // when an entry's id is not one of this rank's ready requests.
   bool Eager(const Local& l) const;
-  int64_t FillEager(std::vector<uint64_t>* bits, int64_t at);
+  int64_t FillEager(std::vector<uint64_t>* region);
   bool FinishEager(const uint64_t* region, int64_t words, std::vector<int32_t>* ids);
   void FinishJoin(int last_rank);
   // A timeline start / stop handed from a framework thread to the background thread.
@@ -183,6 +184,8 @@ class Runtime {
   uint64_t next_drain_ = 0, drain_until_ = 0;
   const std::chrono::microseconds spin_;  // MLSL_TF_SPIN_US
   std::chrono::steady_clock::time_point last_progress_;
+  ControlMessage message_;       // this cycle's, reused
+  std::vector<uint64_t> words_;  // ... as words
 
   // Shared with submitting threads.
   std::mutex mu_;

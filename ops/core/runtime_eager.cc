@@ -18,9 +18,11 @@ bool Runtime::Eager(const Local& l) const {
          l.request->inputs.size() == m.shapes.size() && Elements(m) * int64_t(DataTypeSize(m.dtype)) <= eager_bytes_;
 }
 
-int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
-  const int64_t end = int64_t(bits->size());
-  if (at < end) (*bits)[at] = 0;
+int64_t Runtime::FillEager(std::vector<uint64_t>* region) {
+  region->assign(size_t(eager_words_), ~uint64_t(0));
+  const int64_t end = eager_words_;
+  int64_t at = 0;
+  if (at < end) (*region)[at] = 0;
   if (join_) return 0;  // a joined rank contributes nothing, so nothing rides along
   // Every small allreduce pending here asks for room (one that is being negotiated or reduced
   // now will likely come back next step); only the ready ones ride along.
@@ -39,7 +41,7 @@ int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
     const RequestMeta& m = l->meta;
     const size_t esize = DataTypeSize(m.dtype);
     const int64_t count = Elements(m), bytes = count * int64_t(esize);
-    char* data = static_cast<char*>(PutEager(bits->data(), end, &at, id, m.dtype, m.reduce_op, count));
+    char* data = static_cast<char*>(PutEager(region->data(), end, &at, id, m.dtype, m.reduce_op, count));
     if (!data) continue;  // next cycle's region is made for it
     for (const TensorInput& t : l->request->inputs) {
       const size_t n = size_t(NumElements(t.shape)) * esize;

@@ -6,6 +6,7 @@
 #include <memory>
 #include <sstream>
 
+#include "../control_message.h"
 #include "../executor.h"
 #include "../meta.h"
 #include "../stats.h"
@@ -162,9 +163,14 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
   uint64_t done_at_start = 0;
   double cycle_bound = 0, poll_until = 0;
   int64_t cycles = 0;
-  const int rank_words = int(Words(ranks));
-  std::vector<uint64_t> words(2 + 2 * rank_words + Words(int64_t(tensors.size())) + 1, 0);
-  words[0] = words.size() - 2;
+  // The runtime's control message (control_message.h), of this many ranks, ids and one group.
+  ControlMessage message;
+  message.joined.assign(ranks, false);
+  message.shut_down.assign(ranks, false);
+  message.ready.assign(size_t(Words(int64_t(tensors.size()))), 0);
+  message.units_done.assign(1, 0);
+  std::vector<uint64_t> words;
+  message.Encode(&words);
 
   // A gradient's step: the step whose backward submitted it; kept per layer.
   std::vector<int> submitted_step(L, -1);
@@ -231,7 +237,7 @@ bool RunTraining(const SimConfig& cfg, SimResult* out, std::string* error) {
       if (!cycle && work && now >= cycle_bound && (now >= poll_until || !incoming.empty())) {
         carried.swap(incoming);
         done_at_start = sched.completed_prefix();
-        cycle = control->Control(words.data(), int64_t(words.size()));
+        cycle = control->AllreduceWords(words.data(), int64_t(words.size()), &ControlMessage::Combine);
         cycle_bound = now + cfg.cycle_s;
         changed = true;
       }
