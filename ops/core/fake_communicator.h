@@ -32,11 +32,13 @@ class FakeWorld {
     CombineFn combine = nullptr;  // AllreduceWords
     int root = 0;
     std::vector<int64_t> sizes, recv_sizes;
-    std::shared_ptr<FakeWorld>* world_out = nullptr;  // Split: where a member gets its new world
   };
   // Deposits rank's part of its seq-th operation; returns that operation's slot number.
   uint64_t Arrive(int rank, uint64_t seq, Part part);
   bool Done(uint64_t seq, int rank);
+  // The new world of the seq-th operation, a Split into `members` ranks: the first rank to ask
+  // makes it and every member shares it, so no rank waits for the others.
+  std::shared_ptr<FakeWorld> SplitWorld(uint64_t seq, int members);
 
  private:
   struct Slot {
@@ -49,6 +51,7 @@ class FakeWorld {
   const int size_;
   std::mutex mu_;
   std::map<uint64_t, Slot> slots_;
+  std::map<uint64_t, std::pair<std::shared_ptr<FakeWorld>, int>> splits_;  // new world, ranks that took it
 };
 
 class FakeCommunicator : public Communicator {
