@@ -124,7 +124,7 @@ extern "C" int mlsl_tf_init(void) {
   static std::once_flag at_exit;
   // Registered after MPI's finaliser, so it runs before it.
   std::call_once(at_exit, [] { std::atexit(mlsl::ShutdownAtExit); });
-  h.runtime = std::make_shared<Runtime>(std::move(comm), std::move(timeline));
+  h.runtime = std::make_shared<Runtime>(std::move(comm), mlsl::RuntimeOptionsFromSettings(), std::move(timeline));
   return 0;
 }
 

@@ -4,7 +4,6 @@
 #include <chrono>
 #include <thread>
 
-#include "eager.h"
 #include "reduce.h"
 
 namespace mlsl {
@@ -81,19 +80,6 @@ Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
       std::this_thread::sleep_for(std::chrono::microseconds(200));
     }
   }
-}
-
-void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count) {
-  if (count == 0) return;
-  if (in[0] != inout[0]) {  // the layouts differ: nothing past the flags word means the same
-    if (count > 1) inout[1] &= ~kLayoutAgrees;
-    return;
-  }
-  const int64_t k = int64_t(inout[0] & 0xffffffff), m = int64_t(inout[0] >> 32);
-  const int64_t min_end = m ? std::min(count, k + 1 + m) : count;
-  for (int64_t i = 1; i <= k && i < count; ++i) inout[i] &= in[i];
-  for (int64_t i = k + 1; i < min_end; ++i) inout[i] = std::min(inout[i], in[i]);
-  if (min_end < count) CombineEager(in + min_end, inout + min_end, count - min_end);
 }
 
 }  // namespace mlsl

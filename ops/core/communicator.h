@@ -27,6 +27,9 @@ struct Topology {
   bool homogeneous = true;  // every machine runs the same number of ranks (Horovod's is_homogeneous)
 };
 
+// inout = inout (combined with) in, over `count` words (Communicator::AllreduceWords).
+using CombineFn = void (*)(const uint64_t* in, uint64_t* inout, int64_t count);
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -40,11 +43,10 @@ class Communicator {
   // times scale (ScaleInPlace's arithmetic, once per element, so every rank holds the same bits).
   virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                                const void* send = nullptr, double scale = 1.0) = 0;
-  // The runtime's control message, in place: words[0] = k | m << 32 is the same on every rank and
-  // kept; words[1..k] are combined by bitwise AND, the next m words by MIN (m = 0: all the rest),
-  // and the words after those are an eager region (eager.h). The message is combined whole:
-  // implementations must not cut it into pieces.
-  virtual std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) = 0;
+  // `words` (count uint64s), in place, becomes every rank's words combined by `combine`
+  // (associative and commutative; e.g. the runtime's control message: ControlMessage::Combine).
+  // The words are combined whole: implementations must not cut them into pieces.
+  virtual std::unique_ptr<PendingOp> AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) = 0;
   // recv = concatenation, in rank order, of bytes[r] bytes from each rank r (send holds bytes[rank]).
   virtual std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) = 0;
   // buf (bytes long) of `root` is copied to every rank's buf.
@@ -90,12 +92,5 @@ Status AllgatherStrings(Communicator* comm, const std::string& mine, std::vector
 // NaN into the canonical one (CanonicalizeNaN), for results of MPI's built-in operations.
 std::unique_ptr<PendingOp> ScaledWhenDone(std::unique_ptr<PendingOp> op, void* buf, int64_t count, DataType dtype,
                                           double scale, bool canonicalize = false);
-
-// Bit of the control message's word 1 (the flags, AND) that CombineControl clears when two
-// messages' layouts (word 0) differ; the rest of such a message is left as it was.
-constexpr uint64_t kLayoutAgrees = 32;
-
-// The combining rule of Communicator::Control, for implementations: inout = inout (op) in.
-void CombineControl(const uint64_t* in, uint64_t* inout, int64_t count);
 
 }  // namespace mlsl

@@ -9,7 +9,7 @@
 namespace mlsl {
 namespace {
 
-enum Kind { kAllreduce = 1, kControl, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier, kSplit };
+enum Kind { kAllreduce = 1, kWords, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier, kSplit };
 
 class FailedPending : public PendingOp {
  public:
@@ -58,6 +58,7 @@ uint64_t FakeWorld::Arrive(int rank, uint64_t seq, Part part) {
     }
     Compute(&slot);
     slot.done = true;
+    if (slot.parts[0].kind == kSplit) slots_.erase(seq);  // nobody tests a split (SplitWorld)
   }
   return seq;
 }
@@ -76,12 +77,12 @@ void FakeWorld::Compute(Slot* slot) {
   const int n = size_;
   switch (p[0].kind) {
     case kAllreduce:
-    case kControl: {
-      size_t bytes = p[0].count * (p[0].kind == kControl ? 8 : DataTypeSize(p[0].dtype));
+    case kWords: {
+      size_t bytes = p[0].count * (p[0].kind == kWords ? 8 : DataTypeSize(p[0].dtype));
       std::vector<char> acc(static_cast<char*>(p[0].buf), static_cast<char*>(p[0].buf) + bytes);
       for (int r = 1; r < n; ++r) {
-        if (p[0].kind == kControl) {
-          CombineControl(static_cast<const uint64_t*>(p[r].buf), reinterpret_cast<uint64_t*>(acc.data()), p[0].count);
+        if (p[0].kind == kWords) {
+          p[0].combine(static_cast<const uint64_t*>(p[r].buf), reinterpret_cast<uint64_t*>(acc.data()), p[0].count);
         } else {
           ReduceInto(acc.data(), p[r].buf, p[0].count, p[0].dtype, p[0].op);
         }
@@ -128,11 +129,8 @@ void FakeWorld::Compute(Slot* slot) {
     }
     case kBarrier:
       break;
-    case kSplit: {
-      auto sub = std::make_shared<FakeWorld>(int(p[0].sizes.size()));
-      for (int64_t r : p[0].sizes) *p[r].world_out = sub;
+    case kSplit:  // the new world is SplitWorld's
       break;
-    }
   }
 }
 
@@ -157,9 +155,9 @@ std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count,
   return ScaledWhenDone(Start(std::move(p)), buf, count, dtype, scale);
 }
 
-std::unique_ptr<PendingOp> FakeCommunicator::Control(uint64_t* words, int64_t count) {
+std::unique_ptr<PendingOp> FakeCommunicator::AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) {
   FakeWorld::Part p;
-  p.kind = kControl; p.buf = words; p.count = count;
+  p.kind = kWords; p.buf = words; p.count = count; p.combine = combine;
   return Start(std::move(p));
 }
 
@@ -196,15 +194,24 @@ std::unique_ptr<PendingOp> FakeCommunicator::Barrier() {
   return Start(std::move(p));
 }
 
+std::shared_ptr<FakeWorld> FakeWorld::SplitWorld(uint64_t seq, int members) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& [world, taken] = splits_[seq];
+  if (!world) world = std::make_shared<FakeWorld>(members);
+  std::shared_ptr<FakeWorld> out = world;
+  if (++taken == size_) splits_.erase(seq);
+  return out;
+}
+
 Status FakeCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Communicator>* out) {
-  std::shared_ptr<FakeWorld> sub;
+  // Returns at once (one thread can step every rank's engine); the ranks' operations are still
+  // matched, so a rank that started something else here is caught.
+  const uint64_t seq = seq_;
   FakeWorld::Part p;
   p.kind = kSplit;
   p.sizes.assign(ranks.begin(), ranks.end());
-  p.world_out = &sub;
-  auto op = Start(std::move(p));
-  Status s = Wait(op.get());
-  if (!s.ok()) return s;
+  Start(std::move(p));
+  std::shared_ptr<FakeWorld> sub = world_->SplitWorld(seq, int(ranks.size()));
   out->reset();
   for (size_t i = 0; i < ranks.size(); ++i) {
     if (ranks[i] == rank_) *out = std::make_unique<FakeCommunicator>(sub, int(i));

@@ -32,13 +32,16 @@ class FakeWorld {
     int64_t count = 0;
     DataType dtype = DataType::kUint8;
     ReduceOp op = ReduceOp::kSum;
+    CombineFn combine = nullptr;  // AllreduceWords
     int root = 0;
     std::vector<int64_t> sizes, recv_sizes;
-    std::shared_ptr<FakeWorld>* world_out = nullptr;  // Split: where a member gets its new world
   };
   // Deposits rank's part of its seq-th operation; returns that operation's slot number.
   uint64_t Arrive(int rank, uint64_t seq, Part part);
   bool Done(uint64_t seq, int rank);
+  // The new world of the seq-th operation, a Split into `members` ranks: the first rank to ask
+  // makes it and every member shares it, so no rank waits for the others.
+  std::shared_ptr<FakeWorld> SplitWorld(uint64_t seq, int members);
 
   // Point-to-point (fake_p2p.cc): a send or receive waits in the queue of its (from, to, tag)
   // until the other end is posted; then the bytes are copied and both are done. A rendezvous:
@@ -73,6 +76,7 @@ class FakeWorld {
   };
   std::mutex p2p_mu_;
   std::map<std::tuple<int, int, int>, Queues> p2p_;  // by (from, to, tag)
+  std::map<uint64_t, std::pair<std::shared_ptr<FakeWorld>, int>> splits_;  // new world, ranks that took it
 };
 
 class FakeCommunicator : public Communicator {
@@ -83,7 +87,7 @@ class FakeCommunicator : public Communicator {
   Topology topology() const override;
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                        const void* send = nullptr, double scale = 1.0) override;
-  std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override;
+  std::unique_ptr<PendingOp> AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) override;
   std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
   std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;
   int64_t max_message_bytes() const override { return world_->max_message_bytes; }

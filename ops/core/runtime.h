@@ -1,58 +1,42 @@
-// Runtime: the request table, the negotiation and the background cycle (docs/design.md).
+// Runtime: the owner of the background thread around the Engine (engine.h), which does the
+// cycle's work: this file holds the thread, the queue of submitted requests and the policy of
+// when the thread spins, polls or sleeps between the engine's steps (docs/design.md).
 //
 // One background thread owns the communicator (and so MPI): only it starts or tests
 // communication, which keeps the order of collectives identical on every rank and needs no
 // lock around MPI. Framework threads only Submit requests, which never blocks; each request
 // is finished exactly once, with a Status, by that thread (or at once by Submit when the
-// runtime is closed).
-//
-// One cycle, the same on every rank:
-//   1. take newly submitted requests; a name whose metadata matches its cached id is ready,
-//      anything else is announced;
-//   2. AND-allreduce a bitset: [flags | joined ranks | shut-down ranks | ready ids]; flags and
-//      per-rank bits are stored inverted so the AND works as an OR for them;
-//   3. if some rank announced, allgather the announcements and let the (replicated)
-//      Coordinator decide: agreed names are ready everywhere at once, errors fail everywhere;
-//   4. queue the agreed ids in their group's Scheduler, which starts chunks most-urgent-first
-//      up to a window that is common knowledge (the MIN of every member's completed units, one
-//      word per group in the same control message, plus MLSL_TF_INFLIGHT) -- identically on
-//      all members.
-// Small ready allreduces of the world group (<= MLSL_TF_EAGER_BYTES) also ride in step 2's
-// message (eager.h): those every rank contributed come back reduced and finish there, one round
-// instead of two; the region's size is agreed a cycle ahead (the largest any rank asked for).
-// Groups (add_group / remove_group are agreed requests too) each have their own communicator,
-// executor and scheduler; collective names are per group; a rank marks the ids of groups it is
-// not in as ready, so they never wait for it. The control message has its own communicator.
-// While the control message is in flight, the thread keeps testing the chunks in flight.
+// runtime is closed). The thread hands queued requests to the engine between cycles and
+// steps it with the real clock until the engine closes.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
-#include <unordered_map>
 #include <vector>
 
 #include "communicator.h"
-#include "coordinator.h"
-#include "executor.h"
-#include "scheduler.h"
-#include "stats.h"
-#include "timeline.h"
+#include "engine.h"
+#include "options.h"
 #include "request.h"
 #include "results.h"
+#include "stats.h"
+#include "timeline.h"
 
 namespace mlsl {
 
 class Runtime {
  public:
   // `timeline`: already opened (OpenTimelineAtInit); null: none until StartTimeline.
-  explicit Runtime(std::unique_ptr<Communicator> comm, std::unique_ptr<Timeline> timeline = nullptr);
+  Runtime(std::unique_ptr<Communicator> comm, RuntimeOptions options, std::unique_ptr<Timeline> timeline = nullptr);
+  // The options from the settings (RuntimeOptionsFromSettings).
+  explicit Runtime(std::unique_ptr<Communicator> comm, std::unique_ptr<Timeline> timeline = nullptr)
+      : Runtime(std::move(comm), RuntimeOptionsFromSettings(), std::move(timeline)) {}
   ~Runtime();  // shuts down
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -89,63 +73,17 @@ class Runtime {
   const std::shared_ptr<Results>& results() const { return results_; }
 
  private:
-  // A set of ranks with its own communicator, executor and scheduler; group 0 is the world.
-  // Groups are created collectively (an agreed add_group request), so every rank holds the
-  // same list; a rank outside a group keeps only its member list.
-  struct Group {
-    std::vector<int> ranks;  // world ranks, sorted
-    int index = -1;          // this rank's position in ranks; -1 when not a member
-    bool removed = false;
-    int generation = 0;      // how many removed groups had this id before (ids are reused, lowest first)
-    std::unique_ptr<Communicator> own;  // null for the world and on non-members
-    Communicator* comm = nullptr;
-    std::unique_ptr<Executor> executor;
-    std::unique_ptr<Scheduler> scheduler;
-    bool member() const { return index >= 0 && !removed; }
-  };
-
-  struct Local {
-    std::unique_ptr<Request> request;
-    RequestMeta meta;
-    enum State { kToAnnounce, kAnnounced, kReady, kScheduled } state = kToAnnounce;
-    int32_t id = -1;
-    std::chrono::steady_clock::time_point submitted;
-    std::chrono::steady_clock::time_point warned{};  // last stall warning about it
-  };
-
-  static std::vector<std::unique_ptr<Group>> WorldGroup(Communicator* comm, int rank, Timeline* timeline,
-                                                        Stats* stats, const SchedulerOptions& options);
+  using Clock = std::chrono::steady_clock;
   void Loop();
-  // One cycle; returns false when the runtime has closed. *progress: something moved.
-  bool Cycle(bool* progress);
-  void Intake(std::unique_ptr<Request> r);
-  // Refuses a request that cannot be announced (unknown group, not a member); "" when fine.
-  std::string GroupError(const Request& r) const;
-  // Gives a member's group its executor and scheduler.
-  static void Equip(Group* g, Timeline* timeline, Stats* stats, const SchedulerOptions& options);
-  bool Foreign(int32_t id) const { return id / 64 < int32_t(foreign_.size()) && (foreign_[id / 64] >> (id % 64)) & 1; }
-  // Units started plus units completed over this rank's groups: it changes iff a transfer moved.
-  uint64_t UnitEvents() const;
-  bool AllIdle() const;
-  // The sleep between tests of the transfers in flight: the shortest any busy group allows.
-  std::chrono::microseconds PollInterval() const;
-  // Every rank's `mine`, concatenated in rank order into *all; *sizes: each rank's length.
-  // Forgets the least recently used collective names beyond MLSL_TF_CACHE_CAPACITY / 2.
-  void ForgetNames();
-  // Runs an agreed add_group / remove_group (every rank, same cycle, same order).
-  void ChangeGroups(const RequestMeta& meta, Request* mine);
-  bool Negotiate(const std::vector<bool>& joined, std::vector<int32_t>* agreed);
+  // Before a cycle: sleeps as the policy says while nothing is queued, then hands the queue,
+  // a shutdown and a timeline change to the engine (`idle`: cycles in a row that moved nothing).
+  void BetweenCycles(Engine* engine, int idle);
+  void Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, int idle);
+  // Steps the engine until its cycle completes or it closes, polling while exchanges travel.
+  StepResult RunCycle(Engine* engine);
+  // The engine closed: refuses future submissions with its reason and fails the queued ones.
+  void CloseQueue(const Engine& engine);
   void RaisePriority();  // MLSL_TF_COMM_NICE
-  void Finish(const std::string& name, const Status& s);
-  // Eager allreduces (eager.h): whether a request is of a kind and size that may ride in the
-  // control message (once ready); fills the region at (*bits)[at..) with this rank's ready ones
-  // and returns the region it wants next cycle (0: none); finishes the requests of a combined
-  // region's valid entries, putting their ids in order into *ids; false (the runtime closed)
-  // when an entry's id is not one of this rank's ready requests.
-  bool Eager(const Local& l) const;
-  int64_t FillEager(std::vector<uint64_t>* bits, int64_t at);
-  bool FinishEager(const uint64_t* region, int64_t words, std::vector<int32_t>* ids);
-  void FinishJoin(int last_rank);
   // A timeline start / stop handed from a framework thread to the background thread.
   struct TimelineChange {
     bool start = false;
@@ -159,30 +97,12 @@ class Runtime {
   void ServeTimelineChange(TimelineChange* change);  // background thread, between cycles
   void ApplyTimelineChange(TimelineChange* change);
   void EndTimeline();                           // the background thread is ending
-  // Refuses future submissions with `reason` and fails everything pending with it.
-  // kUnavailable when a peer's end closes it (Python tells that from a failure of its own).
-  void Close(const std::string& reason, StatusCode code = StatusCode::kAborted);
-  // Whether this rank has a request due for a stall warning / past the stall shutdown time.
-  void StallFlags(bool* warn, bool* shut) const;
-  // Every rank's waiting requests gathered (all ranks call it in the same cycle): warns about
-  // this rank's due ones, naming the ranks that have not submitted them, or, with `shut`,
-  // closes the runtime everywhere with what each rank waits for. False when closed.
-  bool ReportStalls(bool shut);
 
-  std::unique_ptr<Communicator> comm_;
-  std::unique_ptr<Communicator> control_comm_;  // a duplicate of comm_ for the control message
+  std::unique_ptr<Communicator> comm_;  // until the background thread hands it to the engine
   const int rank_, size_;
   const Topology topology_;
-  const std::chrono::milliseconds heartbeat_;
-  const std::chrono::seconds stall_warning_, stall_shutdown_;
-  const size_t cache_capacity_;
-  uint64_t cycle_ = 0;  // control cycles so far: the same count on every rank
-  const int64_t eager_bytes_;  // MLSL_TF_EAGER_BYTES
-  int64_t eager_words_ = 0;    // this cycle's eager region (agreed in the previous cycle)
-  bool drain_ = false;   // this cycle takes no new requests (to forget names when all is quiet)
-  uint64_t next_drain_ = 0, drain_until_ = 0;
-  const std::chrono::microseconds spin_;  // MLSL_TF_SPIN_US
-  std::chrono::steady_clock::time_point last_progress_;
+  const RuntimeOptions options_;
+  Clock::time_point last_progress_;
 
   // Shared with submitting threads.
   std::mutex mu_;
@@ -198,19 +118,8 @@ class Runtime {
   // Owned by the background thread.
   std::unique_ptr<Timeline> timeline_;
   bool mark_cycles_;  // MLSL_TF_TIMELINE_MARK_CYCLES, or start_timeline's mark_cycles
-  std::chrono::steady_clock::time_point cycle_started_;  // this cycle's control message started
   Stats stats_;
-  const SchedulerOptions options_;
-  const DataType default_wire_;  // MLSL_TF_WIRE_DTYPE, for float32 reductions
-  std::vector<std::unique_ptr<Group>> groups_;  // by id; [0] is the world
-  std::vector<std::unique_ptr<Group>> removed_groups_;  // kept while MPI may still use their buffers
-  std::vector<uint64_t> foreign_;  // bit per collective id: it belongs to a group this rank is not in
-  Coordinator coordinator_;
-  std::map<std::string, Local> pending_;
-  std::unordered_map<std::string, int32_t> cached_ids_;
-  std::unique_ptr<Request> join_;
-  std::vector<bool> joined_before_;
-  int last_joined_ = -1;
+  std::unique_ptr<Engine> engine_;  // made by the background thread
 
   std::atomic<int> group_changes_{0};
   const std::shared_ptr<Results> results_;  // records start/take events when timeline_ is enabled

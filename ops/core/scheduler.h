@@ -36,7 +36,6 @@
 
 namespace mlsl {
 
-class Executor;  // transitional, see the second constructor
 
 // Filled from MLSL_TF_CHUNK_BYTES, MLSL_TF_INFLIGHT, MLSL_TF_FUSION_THRESHOLD, MLSL_TF_PRIORITY
 // (settings.cc holds the defaults).
@@ -56,9 +55,6 @@ class Scheduler {
   using Finish = std::function<void(const Status&)>;
 
   Scheduler(Communicator* comm, Timeline* timeline, Stats* stats, SchedulerOptions options);
-  // Transitional, for callers that still make an Executor (executor.h): it is not used.
-  Scheduler(Communicator* comm, Executor*, Timeline* timeline, Stats* stats, SchedulerOptions options)
-      : Scheduler(comm, timeline, stats, options) {}
   ~Scheduler();
 
   // Queues an agreed collective. `request` is null on a rank that has joined (it contributes

@@ -339,7 +339,7 @@ std::unique_ptr<PendingOp> SimCommunicator::Allreduce(void* buf, int64_t count, 
   return ScaledWhenDone(Start(AllreduceCost(net_->fabric(), bytes)), buf, count, dtype, scale);
 }
 
-std::unique_ptr<PendingOp> SimCommunicator::Control(uint64_t* words, int64_t count) {
+std::unique_ptr<PendingOp> SimCommunicator::AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) {
   return Start(AllreduceCost(net_->fabric(), count * int64_t(sizeof(uint64_t))));
 }
 

@@ -38,7 +38,7 @@
 // parts that the thread itself drives (SimCost::on_thread) stop while it does a CPU part.
 //
 // One process stands for every rank: results are the local data (a sum over identical ranks
-// is not formed; the simulator only needs the timing). Control messages keep their words.
+// is not formed; the simulator only needs the timing). AllreduceWords keeps its words.
 #pragma once
 
 #include <chrono>
@@ -162,7 +162,7 @@ class SimCommunicator : public Communicator {
   Topology topology() const override;
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                        const void* send = nullptr, double scale = 1.0) override;
-  std::unique_ptr<PendingOp> Control(uint64_t* words, int64_t count) override;
+  std::unique_ptr<PendingOp> AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) override;
   std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
   std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;
   std::unique_ptr<PendingOp> Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, void* recv,

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "../communicator.h"
+#include "../control_message.h"
 #include "../eager.h"
 #include "check.h"
 
@@ -99,12 +100,12 @@ TEST(control_messages_of_different_layouts_are_flagged) {
   std::vector<uint64_t> same = a, other = {4 | (uint64_t(1) << 32), ~uint64_t(0), 0x0f, 1, 2};
   same[2] = 0x3c;
   same[4] = 1;
-  CombineControl(same.data(), a.data(), 5);
+  ControlMessage::Combine(same.data(), a.data(), 5);
   CHECK(a[1] & kLayoutAgrees);
   CHECK_EQ(a[2], uint64_t(0x30));
   CHECK_EQ(a[4], uint64_t(1));
   std::vector<uint64_t> before = a;
-  CombineControl(other.data(), a.data(), 5);
+  ControlMessage::Combine(other.data(), a.data(), 5);
   CHECK(!(a[1] & kLayoutAgrees));
   CHECK_EQ(a[2], before[2]);
   CHECK_EQ(a[4], before[4]);

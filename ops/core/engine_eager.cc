@@ -1,31 +1,33 @@
-// Runtime's eager allreduces (eager.h): which pending requests may ride in the control
-// message, writing this rank's ready ones into it, and finishing those every rank contributed.
+// Engine's eager allreduces (eager.h): which pending requests may ride in the control message,
+// writing this rank's ready ones into it, and finishing those every rank contributed.
 #include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <vector>
 
 #include "eager.h"
+#include "engine.h"
 #include "reduce.h"
-#include "runtime.h"
 
 namespace mlsl {
 
-bool Runtime::Eager(const Local& l) const {
+bool Engine::Eager(const Local& l) const {
   const RequestMeta& m = l.meta;
-  return eager_bytes_ > 0 && m.op == OpType::kAllreduce && m.group == 0 &&
-         !m.compressed() && !m.error_feedback && m.reduce_op != ReduceOp::kAdasum &&
-         l.request->inputs.size() == m.shapes.size() && Elements(m) * int64_t(DataTypeSize(m.dtype)) <= eager_bytes_;
+  return options_.eager_bytes > 0 && m.op == OpType::kAllreduce && m.group == 0 && !m.compressed() &&
+         !m.error_feedback && m.reduce_op != ReduceOp::kAdasum && l.request->inputs.size() == m.shapes.size() &&
+         Elements(m) * int64_t(DataTypeSize(m.dtype)) <= options_.eager_bytes;
 }
 
-int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
-  const int64_t end = int64_t(bits->size());
-  if (at < end) (*bits)[at] = 0;
+int64_t Engine::FillEager(std::vector<uint64_t>* region) {
+  region->assign(size_t(eager_words_), ~uint64_t(0));
+  const int64_t end = eager_words_;
+  int64_t at = 0;
+  if (at < end) (*region)[at] = 0;
   if (join_) return 0;  // a joined rank contributes nothing, so nothing rides along
   // Every small allreduce pending here asks for room (one that is being negotiated or reduced
   // now will likely come back next step); only the ready ones ride along.
   std::vector<std::pair<int32_t, const Local*>> ready;
-  int64_t wanted = 0, budget = eager_bytes_;
+  int64_t wanted = 0, budget = options_.eager_bytes;
   for (const auto& [name, l] : pending_) {
     if (!Eager(l)) continue;
     const int64_t bytes = Elements(l.meta) * int64_t(DataTypeSize(l.meta.dtype));
@@ -39,7 +41,7 @@ int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
     const RequestMeta& m = l->meta;
     const size_t esize = DataTypeSize(m.dtype);
     const int64_t count = Elements(m), bytes = count * int64_t(esize);
-    char* data = static_cast<char*>(PutEager(bits->data(), end, &at, id, m.dtype, m.reduce_op, count));
+    char* data = static_cast<char*>(PutEager(region->data(), end, &at, id, m.dtype, m.reduce_op, count));
     if (!data) continue;  // next cycle's region is made for it
     for (const TensorInput& t : l->request->inputs) {
       const size_t n = size_t(NumElements(t.shape)) * esize;
@@ -54,9 +56,8 @@ int64_t Runtime::FillEager(std::vector<uint64_t>* bits, int64_t at) {
   return wanted ? wanted + 1 : 0;
 }
 
-bool Runtime::FinishEager(const uint64_t* region, int64_t words, std::vector<int32_t>* ids_out) {
-  std::vector<int32_t>& ids = *ids_out;
-  for (const EagerEntry& e : ValidEager(region, words)) {
+bool Engine::FinishEager(const std::vector<uint64_t>& region, std::vector<int32_t>* ids) {
+  for (const EagerEntry& e : ValidEager(region.data(), int64_t(region.size()))) {
     // Every rank contributed it, this one too, so it is here and ready under this id -- unless
     // the ranks' ids disagree, which must end in an error, never in another tensor's data.
     const bool known = e.id >= 0 && e.id < coordinator_.num_ids();
@@ -69,36 +70,39 @@ bool Runtime::FinishEager(const uint64_t* region, int64_t words, std::vector<int
             "collective names differ");
       return false;
     }
-    ids.push_back(e.id);
-    const RequestMeta& meta = coordinator_.meta(e.id);
-    Request* r = it->second.request.get();
-    const size_t esize = DataTypeSize(meta.dtype);
-    const double post = meta.reduce_op == ReduceOp::kAverage ? meta.postscale / size_ : meta.postscale;
-    const char* src = static_cast<const char*>(e.data);
-    Status s;
-    for (size_t i = 0; i < r->inputs.size() && s.ok(); ++i) {
-      const int64_t count = NumElements(r->inputs[i].shape);
-      void* out = nullptr;
-      s = r->allocate_output(int(i), r->inputs[i].shape, &out);
-      if (s.ok() && count) {
-        std::memcpy(out, src, size_t(count) * esize);
-        ScaleInPlace(out, count, meta.dtype, post);
-      }
-      src += count * esize;
-    }
-    stats_.Request();
-    stats_.Eager();
-    if (timeline_->enabled()) {
-      // The reduction rode in this cycle's control message: negotiated and done in one round.
-      const auto now = std::chrono::steady_clock::now();
-      timeline_->Instant(ShownName(meta.name), "eager", "queue", now);
-      timeline_->HorovodNegotiation(meta.name, OpTypeName(meta.op), it->second.submitted, cycle_started_);
-      timeline_->HorovodOp(meta.name, OpTypeName(meta.op), cycle_started_, cycle_started_, now);
-    }
-    Finish(meta.name, s);
+    ids->push_back(e.id);
+    FinishOneEager(e, &it->second);
   }
-  std::sort(ids.begin(), ids.end());
+  std::sort(ids->begin(), ids->end());
   return true;
+}
+
+void Engine::FinishOneEager(const EagerEntry& e, Local* l) {
+  const RequestMeta& meta = coordinator_.meta(e.id);
+  Request* r = l->request.get();
+  const size_t esize = DataTypeSize(meta.dtype);
+  const double post = meta.reduce_op == ReduceOp::kAverage ? meta.postscale / size_ : meta.postscale;
+  const char* src = static_cast<const char*>(e.data);
+  Status s;
+  for (size_t i = 0; i < r->inputs.size() && s.ok(); ++i) {
+    const int64_t count = NumElements(r->inputs[i].shape);
+    void* out = nullptr;
+    s = r->allocate_output(int(i), r->inputs[i].shape, &out);
+    if (s.ok() && count) {
+      std::memcpy(out, src, size_t(count) * esize);
+      ScaleInPlace(out, count, meta.dtype, post);
+    }
+    src += count * esize;
+  }
+  stats_->Request();
+  stats_->Eager();
+  if (timeline_->enabled()) {
+    // The reduction rode in this cycle's control message: negotiated and done in one round.
+    timeline_->Instant(ShownName(meta.name), "eager", "queue", now_);
+    timeline_->HorovodNegotiation(meta.name, OpTypeName(meta.op), l->submitted, cycle_started_);
+    timeline_->HorovodOp(meta.name, OpTypeName(meta.op), cycle_started_, cycle_started_, now_);
+  }
+  Finish(meta.name, s);
 }
 
 }  // namespace mlsl
