@@ -4,6 +4,7 @@ PMI_FD: MPICH's and Intel MPI's hydra, SLURM's pmi2.  The bytes pass unchanged; 
 the names of the commands the rank sends (init ... finalize).  Standard library only: the rank
 wrapper (task.py) loads it."""
 
+import os
 import select
 import socket
 import threading
@@ -67,14 +68,20 @@ class PmiRelay:
     """
 
     def __init__(self, upstream_fd: int):
+        # A copy: the socket object closes it when it is collected (main() returning), but
+        # upstream_fd itself is never closed here, so the launcher sees its end close only when
+        # this process exits (hydra SIGKILLs every rank when a rank's closes earlier).
+        copy = os.dup(upstream_fd)  # OSError when it is not open
         self._mine, self._theirs = socket.socketpair()
         try:
-            self._up = socket.socket(fileno=upstream_fd)  # OSError when it is no socket
+            self._up = socket.socket(fileno=copy)  # OSError when it is no socket
         except OSError:
+            os.close(copy)
             self._mine.close()
             self._theirs.close()
             raise
         self._up.set_inheritable(False)  # the command talks through the pair only
+        os.set_inheritable(upstream_fd, False)
         self._theirs.set_inheritable(True)
         self.child_fd = self._theirs.fileno()
         self._names: set[str] = set()

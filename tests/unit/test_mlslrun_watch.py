@@ -219,6 +219,53 @@ def test_task_records_an_exit_without_finalize(tmp_path):
     assert (s.exitcode, s.mpi) == (0, pmi_relay.MPI_NOT_FINALIZED)
 
 
+# Runs task.main in-process for a command that starts PMI and leaves by os._exit(0) (after
+# MPI_Finalize, MPICH sends PMI's finalize only from an atexit handler), then lives on a while.
+KEEPS_PMI_DRIVER = """
+import sys, time
+sys.path.insert(0, sys.argv[1])
+from mlsl_tf.runner import task
+code = task.main(["--status-dir", sys.argv[2], "--", sys.executable, "-c", sys.argv[3]])
+print("returned", flush=True)
+time.sleep(float(sys.argv[4]))
+sys.exit(code)
+"""
+
+
+def test_task_keeps_the_launchers_pmi_socket_open_until_it_exits(tmp_path):
+    # hydra SIGKILLs every rank when a rank's PMI socket closes unfinalized while the process
+    # holding it lives on: a job whose ranks all ended by os._exit(0) together failed under
+    # mlslrun (BAD TERMINATION, exit 9) where plain mpiexec exited 0.
+    linger_s = 1.5
+    server, client = socket.socketpair()
+    env = {k: v for k, v in os.environ.items() if k not in placement.RANK_ENV_VARS}
+    env.update(PMI_RANK="0", PMI_FD=str(client.fileno()))
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(task.__file__))))
+    command = PMI_CLIENT + 'call(b"cmd=init pmi_version=1 pmi_subversion=1\\n")\nos._exit(0)\n'
+    proc = subprocess.Popen([sys.executable, "-c", KEEPS_PMI_DRIVER, repo, str(tmp_path), command, str(linger_s)],
+                            env=env, pass_fds=[client.fileno()], stdout=subprocess.PIPE, text=True,
+                            stdin=subprocess.DEVNULL)
+    client.close()
+    try:
+        server.settimeout(TIMEOUT_S)
+        assert server.recv(4096) == b"cmd=init pmi_version=1 pmi_subversion=1\n"
+        server.sendall(b"cmd=response_to_init rc=0\n")
+        assert proc.stdout.readline() == "cmd=response_to_init rc=0\n"
+        assert proc.stdout.readline() == "returned\n"  # task.main is done; its process lives on
+        server.settimeout(linger_s / 2)
+        with pytest.raises(socket.timeout):
+            server.recv(4096)  # no EOF while the wrapper's process lives
+        server.settimeout(TIMEOUT_S)
+        assert server.recv(4096) == b""  # its exit closes it
+        assert proc.wait(TIMEOUT_S) == 0
+    finally:
+        server.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert rank_status.read_status(rank_status.status_path(str(tmp_path), 0)).mpi == pmi_relay.MPI_NOT_FINALIZED
+
+
 def test_task_records_a_command_that_never_used_mpi(tmp_path):
     got, r = run_task_with_pmi(tmp_path, "print('no MPI here')")
     assert r.returncode == 0 and r.stdout == "no MPI here\n" and got == b""
