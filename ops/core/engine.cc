@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "logging.h"
+#include "mpi_checks.h"
 
 namespace mlsl {
 
@@ -32,7 +33,7 @@ void Engine::Equip(Group* g) {
   // On one host the pacer's rate would read latency-bound small transfers as a slow network
   // and sleep between the tests that move shared-memory data (4 MiB took 5x MPI's time).
   SchedulerOptions o = options_.scheduler;
-  o.one_host = g->comm->topology().cross_size == 1;
+  o.one_host = OnOneMachine(g->comm->topology(), g->comm->size());  // the same on every rank
   g->scheduler = std::make_unique<Scheduler>(g->comm, timeline_, stats_, o);
 }
 

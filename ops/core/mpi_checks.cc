@@ -48,4 +48,8 @@ Status CheckLauncherWorld(int world_size, const std::function<const char*(const 
   return Status::Ok();
 }
 
+// Not cross_size == 1: with 8 ranks on one machine and 2 on another, local ranks 2..7 have no
+// peer elsewhere. Every rank of the communicator shares this rank's machine, or none does.
+bool OnOneMachine(const Topology& topo, int size) { return topo.local_size == size; }
+
 }  // namespace mlsl

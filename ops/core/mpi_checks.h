@@ -6,6 +6,7 @@
 #include <functional>
 #include <string>
 
+#include "communicator.h"
 #include "status.h"
 
 namespace mlsl {
@@ -25,5 +26,10 @@ Status CheckThreadLevel(ThreadLevel provided, bool initialised_by_us);
 // `library` is MPI_Get_library_version's first line, for the message.
 Status CheckLauncherWorld(int world_size, const std::function<const char*(const char*)>& getenv,
                           const std::string& library);
+
+// Whether a communicator of `size` ranks, with this rank's `topo`, lies on one machine: what
+// MpiCommunicator chooses its allreduce by (the ring, and MPI's built-in operations across
+// machines), so it must be the same on every rank.
+bool OnOneMachine(const Topology& topo, int size);
 
 }  // namespace mlsl

@@ -240,11 +240,12 @@ class MpiCommunicator : public Communicator {
                                        double scale) override {
     if (!FitsInt(count)) return TooLarge("allreduce");
     const int64_t bytes = count * int64_t(DataTypeSize(dtype));
-    if (topo_.cross_size == 1 && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
+    const bool one_machine = OnOneMachine(topo_, size_);  // the same on every rank (mpi_checks.h)
+    if (one_machine && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
       return MakeRingAllreduce(this, tags_.Next(), buf, count, dtype, op, send, scale, pool_);
     }
     auto p = std::make_unique<MpiPending>();
-    const MPI_Op mpi_op = OpFor(user_, dtype, op, topo_.cross_size > 1);
+    const MPI_Op mpi_op = OpFor(user_, dtype, op, !one_machine);
     // MPI's own float Sum/Product keep whichever NaN payload its order met first: canonicalize
     const bool builtin = mpi_op == BuiltinOp(dtype, op) && (dtype == DataType::kFloat32 || dtype == DataType::kFloat64);
     int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), mpi_op, comm_, p->request());

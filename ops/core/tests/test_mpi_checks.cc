@@ -3,6 +3,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "../mpi_checks.h"
 #include "check.h"
@@ -58,4 +59,37 @@ TEST(launcher_world_larger_than_mpis_is_an_error_naming_both) {
   CHECK(!hydra.ok());
   CHECK_CONTAINS(hydra.message(), "MPICH-style launcher");
   CHECK_CONTAINS(hydra.message(), "(PMI_SIZE=4)");
+}
+
+namespace {
+
+// Each rank's Topology as MpiCommunicator computes it, for ranks laid out `per_host` to a
+// machine in order (local rank = index on its machine; cross = the ranks of that local rank).
+std::vector<Topology> Layout(const std::vector<int>& per_host) {
+  std::vector<Topology> all;
+  for (int n : per_host) {
+    for (int local = 0; local < n; ++local) {
+      Topology t;
+      t.local_rank = local;
+      t.local_size = n;
+      t.cross_size = 0;
+      for (int m : per_host) t.cross_size += m > local ? 1 : 0;
+      all.push_back(t);
+    }
+  }
+  return all;
+}
+
+}  // namespace
+
+TEST(on_one_machine_is_the_same_answer_on_every_rank) {
+  // mpiexec -n 10 -ppn 8: local ranks 2..7 have no peer on the second machine (cross size 1);
+  // choosing the ring by that, they posted point-to-point messages while ranks 0, 1, 8, 9 sat
+  // in MPI_Iallreduce: every allreduce of at least MLSL_TF_RING_BYTES hung.
+  for (const std::vector<int>& per_host : {std::vector<int>{8, 2}, {2, 8}, {3, 1, 3}, {4, 4}, {5}, {1}}) {
+    std::vector<Topology> topo = Layout(per_host);
+    const int size = int(topo.size());
+    const bool expected = per_host.size() == 1;
+    for (int r = 0; r < size; ++r) CHECK(OnOneMachine(topo[r], size) == expected);
+  }
 }
