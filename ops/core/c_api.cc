@@ -113,18 +113,20 @@ extern "C" int mlsl_tf_init(void) {
   if (h.runtime) return 0;  // init twice is harmless
   std::string bad = mlsl::CheckSettings();
   if (!bad.empty()) return mlsl::Fail(bad);
+  // The one reading of the settings: every object below takes its values from these options.
+  const mlsl::RuntimeOptions options = mlsl::RuntimeOptionsFromSettings();
   std::unique_ptr<mlsl::Communicator> comm;
-  mlsl::Status s = mlsl::CreateMpiCommunicator(&comm);
+  mlsl::Status s = mlsl::CreateMpiCommunicator(options.ring_bytes, &comm);
   if (!s.ok()) return mlsl::Fail(s.message());
   s = mlsl::AgreeOnSettings(comm.get());
   if (!s.ok()) return mlsl::Fail(s.message());
   auto timeline = std::make_unique<mlsl::Timeline>();
-  s = mlsl::OpenTimelineAtInit(comm.get(), timeline.get());
+  s = mlsl::OpenTimelineAtInit(comm.get(), timeline.get(), options);
   if (!s.ok()) return mlsl::Fail(s.message());
   static std::once_flag at_exit;
   // Registered after MPI's finaliser, so it runs before it.
   std::call_once(at_exit, [] { std::atexit(mlsl::ShutdownAtExit); });
-  h.runtime = std::make_shared<Runtime>(std::move(comm), mlsl::RuntimeOptionsFromSettings(), std::move(timeline));
+  h.runtime = std::make_shared<Runtime>(std::move(comm), options, std::move(timeline));
   return 0;
 }
 

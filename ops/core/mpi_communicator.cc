@@ -15,7 +15,6 @@
 #include "mpi_checks.h"
 #include "p2p_algorithms.h"
 #include "reduce.h"
-#include "settings.h"
 
 namespace mlsl {
 namespace {
@@ -202,7 +201,7 @@ class MpiMessage : public MpiPending {
 
 class MpiCommunicator : public Communicator {
  public:
-  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
+  MpiCommunicator(MPI_Comm comm, int64_t ring_bytes) : comm_(comm), ring_bytes_(ring_bytes) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm local;
@@ -304,7 +303,7 @@ class MpiCommunicator : public Communicator {
     out->reset();
     if (sub != MPI_COMM_NULL) {
       MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
-      *out = std::make_unique<MpiCommunicator>(sub);
+      *out = std::make_unique<MpiCommunicator>(sub, ring_bytes_);
     }
     return Status::Ok();
   }
@@ -365,7 +364,7 @@ class MpiCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
   Topology topo_;
   UserOps user_;
-  const int64_t ring_bytes_ = SettingInt("MLSL_TF_RING_BYTES");
+  const int64_t ring_bytes_;  // MLSL_TF_RING_BYTES
   TagSequence tags_;  // one per point-to-point operation (ring allreduce, all-to-all)
   // The ring's in-place scratch, one segment per operation in flight on this communicator.
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>(4, size_t(1) << 30);
@@ -390,7 +389,7 @@ Status CheckWorld(bool initialised_by_us) {
 
 }  // namespace
 
-Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
+Status CreateMpiCommunicator(int64_t ring_bytes, std::unique_ptr<Communicator>* out) {
   int initialised = 0, finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return Status::FailedPrecondition("MPI has already been finalized in this process");
@@ -408,7 +407,7 @@ Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Comm_dup", rc));
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  *out = std::make_unique<MpiCommunicator>(comm);
+  *out = std::make_unique<MpiCommunicator>(comm, ring_bytes);
   return Status::Ok();
 }
 

@@ -8,6 +8,7 @@
 // across machines, as MPI's nonblocking collectives.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "communicator.h"
@@ -16,7 +17,8 @@ namespace mlsl {
 
 // Initialises MPI if nobody has (otherwise duplicates the existing MPI_COMM_WORLD, e.g. when
 // the user imported mpi4py first) and returns a communicator over a private duplicate.
-Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out);
+// `ring_bytes`: MLSL_TF_RING_BYTES (RuntimeOptions), for it and every communicator split from it.
+Status CreateMpiCommunicator(int64_t ring_bytes, std::unique_ptr<Communicator>* out);
 
 // Whether MPI has been initialised with MPI_THREAD_MULTIPLE (Horovod's mpi_threads_supported).
 bool MpiThreadsSupported();

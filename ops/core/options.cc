@@ -31,6 +31,9 @@ RuntimeOptions RuntimeOptionsFromSettings() {
   o.spin = std::chrono::microseconds(SettingInt("MLSL_TF_SPIN_US"));
   o.mark_cycles = SettingFlag("MLSL_TF_TIMELINE_MARK_CYCLES");
   o.comm_nice = int(SettingInt("MLSL_TF_COMM_NICE"));
+  o.timeline = SettingString("MLSL_TF_TIMELINE");
+  o.timeline_variable = SettingSource("MLSL_TF_TIMELINE");
+  o.ring_bytes = SettingInt("MLSL_TF_RING_BYTES");
   return o;
 }
 

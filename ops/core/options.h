@@ -29,10 +29,14 @@ struct RuntimeOptions {
   std::chrono::microseconds spin{200};      // MLSL_TF_SPIN_US: polling after progress
   bool mark_cycles = false;                 // MLSL_TF_TIMELINE_MARK_CYCLES
   int comm_nice = 0;                        // MLSL_TF_COMM_NICE
+  // Taken at init, before the Runtime exists:
+  std::string timeline;                              // MLSL_TF_TIMELINE ("" or "DYNAMIC": none)
+  std::string timeline_variable = "MLSL_TF_TIMELINE";  // ... or the alias it was read from
+  int64_t ring_bytes = 262144;                       // MLSL_TF_RING_BYTES (CreateMpiCommunicator)
 };
 
 // Every option from the settings (the environment or the table's defaults), checked at init by
-// CheckSettings: the one place outside settings.cc that reads them for the runtime.
+// CheckSettings: called once, by init (c_api.cc); the core's objects take the values.
 RuntimeOptions RuntimeOptionsFromSettings();
 
 }  // namespace mlsl

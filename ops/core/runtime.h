@@ -34,9 +34,6 @@ class Runtime {
  public:
   // `timeline`: already opened (OpenTimelineAtInit); null: none until StartTimeline.
   Runtime(std::unique_ptr<Communicator> comm, RuntimeOptions options, std::unique_ptr<Timeline> timeline = nullptr);
-  // The options from the settings (RuntimeOptionsFromSettings).
-  explicit Runtime(std::unique_ptr<Communicator> comm, std::unique_ptr<Timeline> timeline = nullptr)
-      : Runtime(std::move(comm), RuntimeOptionsFromSettings(), std::move(timeline)) {}
   ~Runtime();  // shuts down
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -127,9 +124,9 @@ class Runtime {
   std::thread thread_;  // last member: starts after everything above exists
 };
 
-// Opens the timeline of MLSL_TF_TIMELINE (or HOROVOD_TIMELINE; "DYNAMIC" = none) on the ranks
+// Opens options.timeline (MLSL_TF_TIMELINE or HOROVOD_TIMELINE; "DYNAMIC" = none) on the ranks
 // that write it. Collective over `comm`: when a rank cannot open its file, every rank gets the
 // error (naming the variable, the rank and the file), so no rank goes on to wait for it.
-Status OpenTimelineAtInit(Communicator* comm, Timeline* timeline);
+Status OpenTimelineAtInit(Communicator* comm, Timeline* timeline, const RuntimeOptions& options);
 
 }  // namespace mlsl

@@ -5,15 +5,14 @@
 
 #include "logging.h"
 #include "runtime.h"
-#include "settings.h"
 
 namespace mlsl {
 
-Status OpenTimelineAtInit(Communicator* comm, Timeline* timeline) {
-  std::string path = SettingString("MLSL_TF_TIMELINE");
+Status OpenTimelineAtInit(Communicator* comm, Timeline* timeline, const RuntimeOptions& options) {
+  std::string path = options.timeline;
   if (path == "DYNAMIC") path.clear();  // Horovod's "no file yet, start_timeline later"
   std::string mine = timeline->Open(path, comm->rank());
-  if (!mine.empty()) mine += " (" + SettingSource("MLSL_TF_TIMELINE") + "=" + path + ")";
+  if (!mine.empty()) mine += " (" + options.timeline_variable + "=" + path + ")";
   // Every rank's error (most are empty), so every rank fails alike.
   std::vector<int64_t> lengths;
   std::string all;

@@ -72,8 +72,8 @@ template <typename T> mlsl::TensorInput Input(const std::vector<T>& data, mlsl::
   return mlsl::TensorInput{data.data(), std::move(shape)};
 }
 
-// Sets MLSL_TF_* settings for the runtimes a test creates (they read them when made), and
-// unsets them afterwards.
+// Sets environment variables for a test of the settings table (settings.h, the only reader of
+// the environment), and unsets them afterwards. Runtimes take RuntimeOptions instead.
 struct Env {
   std::vector<std::string> names;
   Env(std::initializer_list<std::pair<const char*, const char*>> kv) {
@@ -82,19 +82,28 @@ struct Env {
   ~Env() { for (auto& n : names) unsetenv(n.c_str()); }
 };
 
-// Runs body(rank, runtime) on n threads, each with its own Runtime on one fake world.
-inline void RunRanks(int n, const std::function<void(int, mlsl::Runtime&)>& body,
+// Runs body(rank, runtime) on n threads, each with its own Runtime (made with `options`) on
+// one fake world.
+inline void RunRanks(const mlsl::RuntimeOptions& options, int n, const std::function<void(int, mlsl::Runtime&)>& body,
                      int64_t max_message_bytes = INT64_MAX) {
   auto world = std::make_shared<mlsl::FakeWorld>(n);
   world->max_message_bytes = max_message_bytes;
   std::vector<std::unique_ptr<mlsl::Runtime>> rts;
-  for (int r = 0; r < n; ++r) rts.push_back(std::make_unique<mlsl::Runtime>(std::make_unique<mlsl::FakeCommunicator>(world, r)));
+  for (int r = 0; r < n; ++r) {
+    rts.push_back(std::make_unique<mlsl::Runtime>(std::make_unique<mlsl::FakeCommunicator>(world, r), options));
+  }
   std::vector<std::thread> threads;
   for (int r = 0; r < n; ++r) threads.emplace_back([&, r] { body(r, *rts[r]); });
   for (auto& t : threads) t.join();
   std::vector<std::thread> stoppers;  // shut down together, as processes exiting would
   for (int r = 0; r < n; ++r) stoppers.emplace_back([&, r] { rts[r]->Shutdown(); });
   for (auto& t : stoppers) t.join();
+}
+
+// The same with the default options.
+inline void RunRanks(int n, const std::function<void(int, mlsl::Runtime&)>& body,
+                     int64_t max_message_bytes = INT64_MAX) {
+  RunRanks(mlsl::RuntimeOptions(), n, body, max_message_bytes);
 }
 
 }  // namespace mlsl_test

@@ -94,9 +94,11 @@ void CheckReducescatter(int n, int rank, Runtime& rt, ReduceOp op) {
 }  // namespace
 
 TEST(algorithms_in_many_pieces_at_2_to_5_ranks) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "64"}, {"MLSL_TF_INFLIGHT", "3"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 64;
+  o.engine.scheduler.inflight = 3;
   for (int n = 2; n <= 5; ++n) {
-    RunRanks(n, [n](int rank, Runtime& rt) {
+    RunRanks(o, n, [n](int rank, Runtime& rt) {
       CheckBroadcast(n, rank, rt);
       CheckAllgather(n, rank, rt);
       CheckAlltoall(n, rank, rt);
@@ -107,8 +109,10 @@ TEST(algorithms_in_many_pieces_at_2_to_5_ranks) {
 }
 
 TEST(algorithms_in_pieces_with_a_joined_rank) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "48"}, {"MLSL_TF_INFLIGHT", "2"}};
-  RunRanks(3, [](int rank, Runtime& rt) {
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 48;
+  o.engine.scheduler.inflight = 2;
+  RunRanks(o, 3, [](int rank, Runtime& rt) {
     Request join;
     join.name = "join";
     join.op = OpType::kJoin;
@@ -144,11 +148,14 @@ TEST(algorithms_in_pieces_with_a_joined_rank) {
 }
 
 TEST(urgent_allreduce_overtakes_big_broadcast_allgather_alltoall) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "4096"}, {"MLSL_TF_INFLIGHT", "2"}, {"MLSL_TF_FUSION_THRESHOLD", "0"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 4096;
+  o.engine.scheduler.inflight = 2;
+  o.engine.scheduler.fusion_threshold = 0;
   for (OpType op : {OpType::kBroadcast, OpType::kAllgather, OpType::kAlltoall}) {
     std::mutex mu;
     std::vector<std::vector<std::string>> orders(3);
-    RunRanks(3, [&](int rank, Runtime& rt) {
+    RunRanks(o, 3, [&](int rank, Runtime& rt) {
       auto track = [&](Request r) {
         auto name = r.name;
         auto f = Submit(rt, std::move(r));

@@ -8,6 +8,7 @@
 
 #include "../engine.h"
 #include "../fake_communicator.h"
+#include "../settings.h"
 #include "check.h"
 
 using namespace mlsl;
@@ -139,4 +140,31 @@ TEST(engine_step_reports_cycles_and_an_urgent_request_overtakes_between_chunks) 
   StepResult r0 = e.engines[0]->Step(e.now), r1 = e.engines[1]->Step(e.now);
   CHECK(!r0.closed && !r1.closed);
   CHECK(r1.cycle_done && !r1.progress);
+}
+
+// RuntimeOptions() (what tests and the simulator start from) holds the settings table's defaults.
+TEST(runtime_options_defaults_are_the_settings_tables) {
+  auto number = [](const char* name) {
+    for (const SettingInfo& s : AllSettings()) {
+      if (std::string(s.name) != name) continue;
+      int64_t n = -1;
+      CHECK_EQ(CheckSetting(s, s.default_value, &n), std::string());
+      return n;
+    }
+    CHECK(false);
+    return int64_t(-1);
+  };
+  const RuntimeOptions o;
+  CHECK_EQ(o.engine.scheduler.chunk_bytes, number("MLSL_TF_CHUNK_BYTES"));
+  CHECK_EQ(int64_t(o.engine.scheduler.inflight), number("MLSL_TF_INFLIGHT"));
+  CHECK_EQ(o.engine.scheduler.fusion_threshold, number("MLSL_TF_FUSION_THRESHOLD"));
+  CHECK_EQ(o.engine.eager_bytes, number("MLSL_TF_EAGER_BYTES"));
+  CHECK_EQ(int64_t(o.engine.cache_capacity), number("MLSL_TF_CACHE_CAPACITY"));
+  CHECK_EQ(int64_t(o.engine.stall_warning.count()), number("MLSL_TF_STALL_WARNING_SECONDS"));
+  CHECK_EQ(int64_t(o.engine.stall_shutdown.count()), number("MLSL_TF_STALL_SHUTDOWN_SECONDS"));
+  CHECK_EQ(int64_t(o.heartbeat.count()), number("MLSL_TF_HEARTBEAT_MS"));
+  CHECK_EQ(int64_t(o.spin.count()), number("MLSL_TF_SPIN_US"));
+  CHECK_EQ(int64_t(o.comm_nice), number("MLSL_TF_COMM_NICE"));
+  CHECK_EQ(o.ring_bytes, number("MLSL_TF_RING_BYTES"));
+  CHECK(!o.engine.scheduler.fifo && o.engine.default_wire == DataType::kFloat32 && !o.mark_cycles);
 }

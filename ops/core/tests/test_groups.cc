@@ -142,8 +142,10 @@ TEST(groups_removed_group_refuses_work) {
 // Every rank reduces data[rank] alone and then as three tensors fused into one work; each result
 // must be want, bit for bit (wire: Request::wire, -1 for the default, float32).
 static void ExpectAllreduceBits(const std::vector<std::vector<float>>& data, const std::vector<float>& want,
-                                ReduceOp op, double postscale, int wire) {
-  RunRanks(int(data.size()), [&](int rank, Runtime& rt) {
+                                ReduceOp op, double postscale, int wire, int64_t chunk_bytes) {
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = chunk_bytes;
+  RunRanks(o, int(data.size()), [&](int rank, Runtime& rt) {
     for (int fused = 0; fused < 2; ++fused) {
       std::vector<std::future<Result>> fs;
       for (int k = 0; k < (fused ? 3 : 1); ++k) {
@@ -168,7 +170,6 @@ static void ExpectAllreduceBits(const std::vector<std::vector<float>>& data, con
 // An average (and a postscale) multiplies the float32 sum before that last rounding.
 static void WireAllreduceExact(int n, DataType wire, int64_t count, const char* chunk_bytes,
                                ReduceOp op = ReduceOp::kSum, double postscale = 1.0) {
-  setenv("MLSL_TF_CHUNK_BYTES", chunk_bytes, 1);
   std::vector<std::vector<float>> data(n, std::vector<float>(count));
   std::mt19937 gen(42);
   std::normal_distribution<float> dist(0.0f, 1.0f);
@@ -181,8 +182,7 @@ static void WireAllreduceExact(int n, DataType wire, int64_t count, const char* 
     const double factor = op == ReduceOp::kAverage ? postscale / n : postscale;
     want[i] = enc(factor == 1.0 ? acc : float(double(acc) * factor));
   }
-  ExpectAllreduceBits(data, want, op, postscale, int(wire));
-  unsetenv("MLSL_TF_CHUNK_BYTES");
+  ExpectAllreduceBits(data, want, op, postscale, int(wire), std::atoll(chunk_bytes));
 }
 
 TEST(wire_bf16_allreduce_rounds_once_in_and_once_out) {
@@ -231,15 +231,13 @@ TEST(fp32_average_and_postscale_scale_each_element_once) {
   const int n = 3;
   const int64_t count = 2500;
   for (const char* chunk : {"1048576", "4000"}) {
-    setenv("MLSL_TF_CHUNK_BYTES", chunk, 1);
     for (auto [op, post] : {std::pair{ReduceOp::kAverage, 1.0}, {ReduceOp::kAverage, 2.0}, {ReduceOp::kSum, 0.3}}) {
       std::vector<std::vector<float>> data(n, std::vector<float>(count));
       for (int r = 0; r < n; ++r) for (int64_t i = 0; i < count; ++i) data[r][i] = float((i * 7 + 3 * r) % 5 + 1);
       const double factor = op == ReduceOp::kAverage ? post / n : post;
       std::vector<float> want(count);
       for (int64_t i = 0; i < count; ++i) want[i] = float(double(data[0][i] + data[1][i] + data[2][i]) * factor);
-      ExpectAllreduceBits(data, want, op, post, -1);
+      ExpectAllreduceBits(data, want, op, post, -1, std::atoll(chunk));
     }
-    unsetenv("MLSL_TF_CHUNK_BYTES");
   }
 }

@@ -23,9 +23,10 @@ static Request SumOf(const std::string& name, const std::vector<int32_t>& x) {
 TEST(ranks_whose_name_caches_differ_fail_instead_of_pairing_other_tensors) {
   auto world = std::make_shared<FakeWorld>(2);
   std::vector<std::unique_ptr<Runtime>> rts;
-  for (const char* capacity : {"16", "64"}) {  // each Runtime reads the setting when it is made
-    Env env({{"MLSL_TF_CACHE_CAPACITY", capacity}});
-    rts.push_back(std::make_unique<Runtime>(std::make_unique<FakeCommunicator>(world, int(rts.size()))));
+  for (size_t capacity : {16, 64}) {
+    RuntimeOptions o;
+    o.engine.cache_capacity = capacity;
+    rts.push_back(std::make_unique<Runtime>(std::make_unique<FakeCommunicator>(world, int(rts.size())), o));
   }
   std::vector<std::string> errors(2);
   std::vector<int> wrong(2, 0);

@@ -284,8 +284,8 @@ TEST(duplicate_pending_name_is_refused) {
 
 TEST(peer_shutdown_fails_pending_requests) {
   auto world = std::make_shared<FakeWorld>(2);
-  Runtime r0(std::make_unique<FakeCommunicator>(world, 0));
-  Runtime r1(std::make_unique<FakeCommunicator>(world, 1));
+  Runtime r0(std::make_unique<FakeCommunicator>(world, 0), RuntimeOptions());
+  Runtime r1(std::make_unique<FakeCommunicator>(world, 1), RuntimeOptions());
   std::vector<float> x(1, 1.0f);
   auto f = Submit(r0, Allreduce("never", Input(x, {1}), DataType::kFloat32));
   std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -345,9 +345,11 @@ TEST(barrier_and_size_one) {
 }
 
 TEST(stall_shutdown_fails_every_rank_with_what_each_waits_for) {
-  Env env({{"MLSL_TF_STALL_SHUTDOWN_SECONDS", "1"}, {"MLSL_TF_STALL_WARNING_SECONDS", "0"}});
+  RuntimeOptions o;
+  o.engine.stall_shutdown = std::chrono::seconds(1);
+  o.engine.stall_warning = std::chrono::seconds(0);
   const auto start = std::chrono::steady_clock::now();
-  RunRanks(3, [](int rank, Runtime& rt) {
+  RunRanks(o, 3, [](int rank, Runtime& rt) {
     std::vector<float> x = {1};
     // Out of step: every rank waits in a different collective.
     auto f = Submit(rt, Allreduce("step." + std::to_string(rank), Input(x, {1}), DataType::kFloat32));
@@ -376,8 +378,9 @@ static int64_t StatsField(const Runtime& rt, const std::string& field) {
 }
 
 TEST(names_beyond_cache_capacity_are_forgotten_and_renegotiated) {
-  Env env({{"MLSL_TF_CACHE_CAPACITY", "16"}});
-  RunRanks(2, [](int rank, Runtime& rt) {
+  RuntimeOptions o;
+  o.engine.cache_capacity = 16;
+  RunRanks(o, 2, [](int rank, Runtime& rt) {
     for (int i = 0; i < 200; ++i) {
       // a hot name every step, and a distinct one; rank 1 sometimes lags, so ranks are not
       // always idle together
@@ -444,8 +447,9 @@ TEST(small_cached_allreduces_ride_in_the_control_message) {
 
 TEST(eager_off_and_too_large_take_the_two_round_path) {
   for (const char* bytes : {"0", "4"}) {  // 4 bytes: smaller than every request below
-    Env env({{"MLSL_TF_EAGER_BYTES", bytes}});
-    RunRanks(2, [](int rank, Runtime& rt) {
+    RuntimeOptions o;
+    o.engine.eager_bytes = std::atoll(bytes);
+    RunRanks(o, 2, [](int rank, Runtime& rt) {
       for (int i = 0; i < 10; ++i) {
         std::vector<float> x = {float(rank), 1.0f};
         auto f = Submit(rt, Allreduce("x", Input(x, {2}), DataType::kFloat32));

@@ -52,9 +52,12 @@ std::future<Result> SubmitTracked(Runtime& rt, Request r, Order* order) {
 }  // namespace
 
 TEST(urgent_tensor_overtakes_remaining_chunks_of_big_one) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "4096"}, {"MLSL_TF_INFLIGHT", "2"}, {"MLSL_TF_FUSION_THRESHOLD", "0"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 4096;
+  o.engine.scheduler.inflight = 2;
+  o.engine.scheduler.fusion_threshold = 0;
   std::vector<Order> orders(3);
-  RunRanks(3, [&](int rank, Runtime& rt) {
+  RunRanks(o, 3, [&](int rank, Runtime& rt) {
     std::vector<float> big(1 << 22, 1.0f), small(8, float(rank));  // 16 MiB = 4096 chunks
     auto b = SubmitTracked(rt, Allreduce("big", big, 100), &orders[rank]);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));  // big is being reduced now
@@ -71,9 +74,12 @@ TEST(urgent_tensor_overtakes_remaining_chunks_of_big_one) {
 }
 
 TEST(same_order_on_every_rank_whatever_the_submission_order) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "1024"}, {"MLSL_TF_INFLIGHT", "1"}, {"MLSL_TF_FUSION_THRESHOLD", "0"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 1024;
+  o.engine.scheduler.inflight = 1;
+  o.engine.scheduler.fusion_threshold = 0;
   std::vector<Order> orders(3);
-  RunRanks(3, [&](int rank, Runtime& rt) {
+  RunRanks(o, 3, [&](int rank, Runtime& rt) {
     std::vector<std::vector<float>> data(12);
     std::vector<std::future<Result>> fs;
     for (int k = 0; k < 12; ++k) {
@@ -88,8 +94,10 @@ TEST(same_order_on_every_rank_whatever_the_submission_order) {
 }
 
 TEST(low_priority_work_is_not_starved) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "2048"}, {"MLSL_TF_INFLIGHT", "2"}};
-  RunRanks(2, [&](int rank, Runtime& rt) {
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 2048;
+  o.engine.scheduler.inflight = 2;
+  RunRanks(o, 2, [&](int rank, Runtime& rt) {
     std::vector<float> big(64 * 1024, 2.0f);
     auto b = Submit(rt, Allreduce("background", big, 1000));
     std::vector<std::vector<float>> urgent(60, std::vector<float>(16, 1.0f));
@@ -106,8 +114,11 @@ TEST(low_priority_work_is_not_starved) {
 }
 
 TEST(fusion_packs_and_unpacks_mixed_sizes) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "1000"}, {"MLSL_TF_FUSION_THRESHOLD", "65536"}, {"MLSL_TF_INFLIGHT", "1"}};
-  RunRanks(3, [&](int rank, Runtime& rt) {
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 1000;
+  o.engine.scheduler.fusion_threshold = 65536;
+  o.engine.scheduler.inflight = 1;
+  RunRanks(o, 3, [&](int rank, Runtime& rt) {
     // hold the queue with one big tensor so that the small ones are all agreed and waiting
     std::vector<float> head(200000, 1.0f);
     auto h = Submit(rt, Allreduce("head", head, 0));
@@ -136,10 +147,13 @@ TEST(fusion_packs_and_unpacks_mixed_sizes) {
 }
 
 TEST(fifo_policy_serves_in_agreement_order) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "4096"}, {"MLSL_TF_INFLIGHT", "1"}, {"MLSL_TF_PRIORITY", "fifo"},
-          {"MLSL_TF_FUSION_THRESHOLD", "0"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 4096;
+  o.engine.scheduler.inflight = 1;
+  o.engine.scheduler.fifo = true;
+  o.engine.scheduler.fusion_threshold = 0;
   std::vector<Order> orders(2);
-  RunRanks(2, [&](int rank, Runtime& rt) {
+  RunRanks(o, 2, [&](int rank, Runtime& rt) {
     std::vector<float> big(1 << 18, 1.0f), small(8, 1.0f);
     auto b = SubmitTracked(rt, Allreduce("big", big, 100), &orders[rank]);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

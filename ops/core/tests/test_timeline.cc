@@ -142,7 +142,7 @@ TEST(timeline_started_and_stopped_while_collectives_run) {
 TEST(timeline_start_after_the_background_thread_ended_does_not_hang) {
   const std::string path = TempPath("late.json");
   auto world = std::make_shared<FakeWorld>(1);
-  Runtime rt(std::make_unique<FakeCommunicator>(world, 0));
+  Runtime rt(std::make_unique<FakeCommunicator>(world, 0), RuntimeOptions());
   rt.Shutdown();
   CHECK_EQ(rt.StartTimeline(path, false), std::string());
   rt.StopTimeline();
@@ -159,7 +159,7 @@ TEST(timeline_at_init_fails_on_every_rank) {
     threads.emplace_back([&, r] {
       FakeCommunicator comm(world, r);
       Timeline t;
-      errors[r] = OpenTimelineAtInit(&comm, &t).message();
+      errors[r] = OpenTimelineAtInit(&comm, &t, RuntimeOptionsFromSettings()).message();
     });
   }
   for (auto& t : threads) t.join();
