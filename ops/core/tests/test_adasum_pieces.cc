@@ -152,7 +152,9 @@ TEST(adasum_pieces_equal_the_whole_algorithm_bit_for_bit) {
 
 TEST(adasum_in_pieces_through_the_runtime_bit_for_bit) {
   // 24-byte pieces, 3 in flight: each level is many pieces, the Scheduler's sync in between.
-  Env env{{"MLSL_TF_CHUNK_BYTES", "24"}, {"MLSL_TF_INFLIGHT", "3"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 24;
+  o.engine.scheduler.inflight = 3;
   for (int n : {1, 2, 4, 8}) {
     std::vector<Bytes> a, b, h;
     for (int r = 0; r < n; ++r) {
@@ -163,7 +165,7 @@ TEST(adasum_in_pieces_through_the_runtime_bit_for_bit) {
     const Bytes want_a = Expected(a, 301, DataType::kFloat32, 0.5, 3.0);
     const Bytes want_b = Expected(b, 15, DataType::kFloat32, 0.5, 3.0);
     const Bytes want_h = Expected(h, 77, DataType::kBfloat16, 1.0, 1.0);
-    RunRanks(n, [&](int rank, Runtime& rt) {
+    RunRanks(o, n, [&](int rank, Runtime& rt) {
       Request two = AdasumOf("two_tensors", {&a[rank], &b[rank]}, {{301}, {3, 5}}, DataType::kFloat32);
       two.prescale = 0.5;
       two.postscale = 3.0;
@@ -181,11 +183,13 @@ TEST(adasum_in_pieces_through_the_runtime_bit_for_bit) {
 }
 
 TEST(adasum_in_pieces_with_a_joined_rank_bit_for_bit) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "40"}, {"MLSL_TF_INFLIGHT", "2"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 40;
+  o.engine.scheduler.inflight = 2;
   std::vector<Bytes> x;
   for (int r = 0; r < 4; ++r) x.push_back(r == 0 ? Bytes(101 * 4, 0) : RandomVector(r, 101, DataType::kFloat32));
   const Bytes want = Expected(x, 101, DataType::kFloat32, 1.0, 1.0);  // the joined rank: zeros
-  RunRanks(4, [&](int rank, Runtime& rt) {
+  RunRanks(o, 4, [&](int rank, Runtime& rt) {
     Request join;
     join.name = "join";
     join.op = OpType::kJoin;
@@ -203,11 +207,14 @@ TEST(adasum_in_pieces_with_a_joined_rank_bit_for_bit) {
 }
 
 TEST(urgent_allreduce_overtakes_a_big_adasum) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "4096"}, {"MLSL_TF_INFLIGHT", "2"}, {"MLSL_TF_FUSION_THRESHOLD", "0"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 4096;
+  o.engine.scheduler.inflight = 2;
+  o.engine.scheduler.fusion_threshold = 0;
   for (int n : {2, 4}) {
     std::mutex mu;
     std::vector<std::vector<std::string>> orders(n);
-    RunRanks(n, [&](int rank, Runtime& rt) {
+    RunRanks(o, n, [&](int rank, Runtime& rt) {
       auto track = [&](Request r) {
         auto name = r.name;
         auto f = Submit(rt, std::move(r));

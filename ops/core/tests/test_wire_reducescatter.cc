@@ -78,9 +78,11 @@ void CheckWireReducescatter(int n, int rank, Runtime& rt, DataType wire, ReduceO
 
 TEST(wire_reducescatter_in_pieces_at_2_to_5_ranks) {
   // 64-byte pieces: 32 wire elements of each rank's segment (66 to 165 elements) per piece.
-  Env env{{"MLSL_TF_CHUNK_BYTES", "64"}, {"MLSL_TF_INFLIGHT", "3"}};
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 64;
+  o.engine.scheduler.inflight = 3;
   for (int n = 2; n <= 5; ++n) {
-    RunRanks(n, [n](int rank, Runtime& rt) {
+    RunRanks(o, n, [n](int rank, Runtime& rt) {
       for (DataType wire : {DataType::kBfloat16, DataType::kFloat16}) {
         for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAverage}) {
           CheckWireReducescatter(n, rank, rt, wire, op, std::vector<bool>(n, false));
@@ -91,8 +93,10 @@ TEST(wire_reducescatter_in_pieces_at_2_to_5_ranks) {
 }
 
 TEST(wire_reducescatter_in_pieces_with_a_joined_rank) {
-  Env env{{"MLSL_TF_CHUNK_BYTES", "48"}, {"MLSL_TF_INFLIGHT", "2"}};
-  RunRanks(3, [](int rank, Runtime& rt) {
+  RuntimeOptions o;
+  o.engine.scheduler.chunk_bytes = 48;
+  o.engine.scheduler.inflight = 2;
+  RunRanks(o, 3, [](int rank, Runtime& rt) {
     Request join;
     join.name = "join";
     join.op = OpType::kJoin;
