@@ -23,6 +23,42 @@
 namespace mlsl {
 namespace {
 
+// One exchange piece: a send to the partner and a receive from it, each posted only when it
+// has bytes (the two ranks of a pair compute the same two sizes, crossed, from the element count
+// alone, so each message posted is matched by one of the same size; a pair with nothing to swap
+// posts nothing and is done at once). Done when both are.
+// The tag: both ranks start the same piece on the same communicator (the Scheduler gives unit
+// seq to slot seq % inflight on every rank, each slot its own communicator), and every rank
+// takes one tag from that communicator's TagSequence per exchange piece, in the same order, so
+// the partners' tags agree. A ring allreduce or all-to-all on that communicator takes its own
+// tag from the same sequence, and so does another Adasum's piece, so no two point-to-point
+// operations started on one communicator within 32767 of each other share a tag: none can
+// match another's messages, however the ranks' postings interleave (a slot runs one unit at a
+// time here, but the partner may still be posting the previous one's messages).
+class PairExchange : public PendingOp {
+ public:
+  PairExchange(Communicator* comm, int tag, int peer, const void* send, int64_t send_bytes, void* recv,
+               int64_t recv_bytes) {
+    if (recv_bytes > 0) recv_ = comm->Recv(recv, recv_bytes, peer, tag);
+    if (send_bytes > 0) send_ = comm->Send(send, send_bytes, peer, tag);
+  }
+  Status Test(bool* done) override {
+    *done = false;
+    for (std::unique_ptr<PendingOp>* op : {&recv_, &send_}) {
+      if (!*op) continue;
+      bool finished = false;
+      Status s = (*op)->Test(&finished);
+      if (!s.ok()) return s;
+      if (finished) op->reset();
+    }
+    *done = !recv_ && !send_;
+    return Status::Ok();
+  }
+
+ private:
+  std::unique_ptr<PendingOp> recv_, send_;
+};
+
 class AdasumVector : public Algorithm {
  public:
   // buf: where the result goes; src: the input (buf itself, or null: buf already holds it),
@@ -66,11 +102,12 @@ class AdasumVector : public Algorithm {
     int64_t out_at, out_len, in_at, in_len;
     PieceRange(send, s.piece, e_, &out_at, &out_len);
     PieceRange(doubling ? l.keep : l.send, s.piece, e_, &in_at, &in_len);
-    std::vector<int64_t> out(comm->size(), 0), in(comm->size(), 0);
-    out[rank_ ^ l.dist] = out_len * esize_;
-    in[rank_ ^ l.dist] = in_len * esize_;
     *bytes = out_len * esize_;
-    *op = comm->Alltoallv(data_ + (send_at + out_at) * esize_, out, recv + in_at * esize_, in);
+    // Every rank takes a tag for every exchange piece (even one it posts nothing for), so the
+    // communicator's tags stay agreed for what follows it (see PairExchange).
+    const int tag = comm->NextTag(), peer = rank_ ^ l.dist;
+    *op = std::make_unique<PairExchange>(comm, tag, peer, data_ + (send_at + out_at) * esize_, out_len * esize_,
+                                         recv + in_at * esize_, in_len * esize_);
     return Status::Ok();
   }
   void PieceDone(int index) override {

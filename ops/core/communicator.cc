@@ -60,6 +60,8 @@ Status AllgatherStrings(Communicator* comm, const std::string& mine, std::vector
   return Wait(op.get());
 }
 
+int TagSequence::Next() { return tag_ = tag_ % Communicator::kMaxTag + 1; }
+
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
   using Clock = std::chrono::steady_clock;
   auto start = Clock::now();

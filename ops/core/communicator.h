@@ -30,6 +30,19 @@ struct Topology {
 // inout = inout (combined with) in, over `count` words (Communicator::AllreduceWords).
 using CombineFn = void (*)(const uint64_t* in, uint64_t* inout, int64_t count);
 
+// The tags of the point-to-point operations one communicator starts: a fresh tag per operation,
+// so two in flight at once (a ring and an all-to-all, or two rings) never match each other's
+// messages. Every rank starts the same operations in the same order, so the tags agree. Tags run
+// 1..Communicator::kMaxTag and wrap: an operation must have finished before 32767 more have
+// started (the in-flight window is a few operations).
+class TagSequence {
+ public:
+  int Next();
+
+ private:
+  int tag_ = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -76,6 +89,13 @@ class Communicator {
   static constexpr int kMaxTag = 32767;  // the least MPI_TAG_UB the MPI standard allows
   virtual std::unique_ptr<PendingOp> Send(const void* buf, int64_t bytes, int peer, int tag) = 0;
   virtual std::unique_ptr<PendingOp> Recv(void* buf, int64_t bytes, int peer, int tag) = 0;
+  // A fresh tag from this communicator's TagSequence, for one point-to-point operation (the
+  // ring, the all-to-all, one Adasum exchange). Every rank must take tags in the same order:
+  // an operation takes its tag when it starts, whether or not this rank posts any message.
+  int NextTag() { return tags_.Next(); }
+
+ private:
+  TagSequence tags_;
 };
 
 // Drives op to completion, spinning briefly and then sleeping in short steps so a waiting

@@ -160,17 +160,29 @@ class MpiPending : public PendingOp {
   void SetError(std::string e) { error_ = std::move(e); }
   Status Test(bool* done) override {
     if (!error_.empty()) return Status::Internal(error_);
+    *done = completed_;
+    if (completed_) return Status::Ok();  // tested again: the status is gone, the checks passed
     int flag = 0;
-    int rc = MPI_Test(&request_, &flag, MPI_STATUS_IGNORE);
-    if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Test", rc));
-    *done = flag != 0;
-    return Status::Ok();
+    MPI_Status status;
+    int rc = MPI_Test(&request_, &flag, &status);
+    if (rc != MPI_SUCCESS) return Failed(rc);
+    if (!flag) return Status::Ok();
+    Status s = Completed(status);
+    if (!s.ok()) error_ = s.message();
+    *done = completed_ = s.ok();
+    return s;
   }
+
+ protected:
+  // Checks on a completed request's status (a receive's size), and the error of a failed test.
+  virtual Status Completed(const MPI_Status&) { return Status::Ok(); }
+  virtual Status Failed(int rc) { return Status::Internal(MpiError("MPI_Test", rc)); }
 
  private:
   MPI_Request request_ = MPI_REQUEST_NULL;
   std::vector<int> ints_;  // counts/displacements for the v-collectives
   std::string error_;
+  bool completed_ = false;
 };
 
 std::unique_ptr<PendingOp> Checked(std::unique_ptr<MpiPending> p, int rc, const char* what) {
@@ -197,6 +209,35 @@ class MpiMessage : public MpiPending {
     MPI_Finalized(&finalized);
     if (!finalized) MPI_Request_free(request());
   }
+};
+
+// A receive: MPI completes one of a shorter message than posted without complaint (the rest of
+// the buffer untouched), so the count is checked here; a longer one fails MPI_Test (truncation).
+class MpiReceive : public MpiMessage {
+ public:
+  MpiReceive(int64_t bytes, int peer) : bytes_(bytes), peer_(peer) {}
+
+ protected:
+  Status Completed(const MPI_Status& status) override {
+    int got = 0;
+    int rc = MPI_Get_count(&status, MPI_BYTE, &got);
+    if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Get_count", rc));
+    if (got == bytes_) return Status::Ok();
+    return Status::Internal("point-to-point receive from rank " + std::to_string(peer_) + ": expected " +
+                            std::to_string(bytes_) + " bytes, the message has " + std::to_string(got));
+  }
+  Status Failed(int rc) override {
+    int cls = 0;
+    MPI_Error_class(rc, &cls);
+    if (cls != MPI_ERR_TRUNCATE) return MpiMessage::Failed(rc);
+    return Status::Internal("point-to-point receive from rank " + std::to_string(peer_) + ": expected " +
+                            std::to_string(bytes_) + " bytes, the message is longer (" + MpiError("MPI_Test", rc) +
+                            ")");
+  }
+
+ private:
+  const int64_t bytes_;
+  const int peer_;
 };
 
 class MpiCommunicator : public Communicator {
@@ -241,7 +282,7 @@ class MpiCommunicator : public Communicator {
     const int64_t bytes = count * int64_t(DataTypeSize(dtype));
     const bool one_machine = OnOneMachine(topo_, size_);  // the same on every rank (mpi_checks.h)
     if (one_machine && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
-      return MakeRingAllreduce(this, tags_.Next(), buf, count, dtype, op, send, scale, pool_);
+      return MakeRingAllreduce(this, NextTag(), buf, count, dtype, op, send, scale, pool_);
     }
     auto p = std::make_unique<MpiPending>();
     const MPI_Op mpi_op = OpFor(user_, dtype, op, !one_machine);
@@ -278,7 +319,7 @@ class MpiCommunicator : public Communicator {
                                        const std::vector<int64_t>& recv_bytes) override {
     std::vector<int> s, r;  // refused as before the move to point-to-point: a slice or offset past int
     if (!CountsAndDispls(send_bytes, &s) || !CountsAndDispls(recv_bytes, &r)) return TooLarge("alltoall");
-    return MakePointToPointAlltoallv(this, tags_.Next(), send, send_bytes, recv, recv_bytes);
+    return MakePointToPointAlltoallv(this, NextTag(), send, send_bytes, recv, recv_bytes);
   }
   std::unique_ptr<PendingOp> ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
                                            DataType dtype, ReduceOp op) override {
@@ -314,7 +355,7 @@ class MpiCommunicator : public Communicator {
     return Checked(std::move(p), rc, "MPI_Isend");
   }
   std::unique_ptr<PendingOp> Recv(void* buf, int64_t bytes, int peer, int tag) override {
-    auto p = std::make_unique<MpiMessage>();
+    auto p = std::make_unique<MpiReceive>(bytes, peer);
     if (!MessageOk("receive", bytes, peer, tag, p.get())) return p;
     int rc = MPI_Irecv(buf, int(bytes), MPI_BYTE, peer, tag, comm_, p->request());
     return Checked(std::move(p), rc, "MPI_Irecv");
@@ -365,7 +406,6 @@ class MpiCommunicator : public Communicator {
   Topology topo_;
   UserOps user_;
   const int64_t ring_bytes_;  // MLSL_TF_RING_BYTES
-  TagSequence tags_;  // one per point-to-point operation (ring allreduce, all-to-all)
   // The ring's in-place scratch, one segment per operation in flight on this communicator.
   std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>(4, size_t(1) << 30);
 };

@@ -15,19 +15,6 @@
 
 namespace mlsl {
 
-// The tags of the point-to-point operations one communicator starts: a fresh tag per operation,
-// so two in flight at once (a ring and an all-to-all, or two rings) never match each other's
-// messages. Every rank starts the same operations in the same order, so the tags agree. Tags run
-// 1..Communicator::kMaxTag and wrap: an operation must have finished before 32767 more have
-// started (the in-flight window is a few operations).
-class TagSequence {
- public:
-  int Next() { return tag_ = tag_ % Communicator::kMaxTag + 1; }
-
- private:
-  int tag_ = 0;
-};
-
 // Communicator::Allreduce's semantics as a ring of point-to-point messages: p-1 steps of
 // reduce-scatter, each rank receiving one segment and reducing it into the output, then p-1
 // steps of allgather straight into the output. Out of place (send distinct from buf) it receives
