@@ -67,6 +67,15 @@ inline Result Get(std::future<Result>& f, int seconds = 20) {
   return f.get();
 }
 
+// A join request (Horovod's hvd.join()): the rank contributes the identity until every rank has joined.
+inline mlsl::Request JoinRequest() {
+  mlsl::Request join;
+  join.name = "join";
+  join.op = mlsl::OpType::kJoin;
+  join.dtype = mlsl::DataType::kInt32;
+  return join;
+}
+
 // Keeps input tensors alive for the duration of a test.
 template <typename T> mlsl::TensorInput Input(const std::vector<T>& data, mlsl::Shape shape) {
   return mlsl::TensorInput{data.data(), std::move(shape)};

@@ -213,10 +213,7 @@ TEST(adasum_runtime_in_a_group_of_two_of_four) {
 TEST(adasum_runtime_joined_rank_contributes_zeros) {
   // Rank 0 has joined: its zeros leave rank 1's vector as it is at the first level.
   RunRanks(4, [](int rank, Runtime& rt) {
-    Request join;
-    join.name = "join";
-    join.op = OpType::kJoin;
-    join.dtype = DataType::kInt32;
+    Request join = JoinRequest();
     if (rank > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
       std::vector<float> x(3, 0.0f);

@@ -190,10 +190,7 @@ TEST(adasum_in_pieces_with_a_joined_rank_bit_for_bit) {
   for (int r = 0; r < 4; ++r) x.push_back(r == 0 ? Bytes(101 * 4, 0) : RandomVector(r, 101, DataType::kFloat32));
   const Bytes want = Expected(x, 101, DataType::kFloat32, 1.0, 1.0);  // the joined rank: zeros
   RunRanks(o, 4, [&](int rank, Runtime& rt) {
-    Request join;
-    join.name = "join";
-    join.op = OpType::kJoin;
-    join.dtype = DataType::kInt32;
+    Request join = JoinRequest();
     if (rank > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
       auto f = Submit(rt, AdasumOf("after_join", {&x[rank]}, {{101}}, DataType::kFloat32));

@@ -113,10 +113,7 @@ TEST(algorithms_in_pieces_with_a_joined_rank) {
   o.engine.scheduler.chunk_bytes = 48;
   o.engine.scheduler.inflight = 2;
   RunRanks(o, 3, [](int rank, Runtime& rt) {
-    Request join;
-    join.name = "join";
-    join.op = OpType::kJoin;
-    join.dtype = DataType::kInt32;
+    Request join = JoinRequest();
     if (rank == 0) {
       auto j = Submit(rt, std::move(join));
       CHECK(Get(j).status.ok());

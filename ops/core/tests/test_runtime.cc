@@ -306,10 +306,7 @@ TEST(peer_shutdown_fails_pending_requests) {
 TEST(join_contributes_identity_and_returns_last_rank) {
   RunRanks(3, [](int rank, Runtime& rt) {
     std::vector<float> x(2, float(rank + 1));
-    Request join;
-    join.name = "join";
-    join.op = OpType::kJoin;
-    join.dtype = DataType::kInt32;
+    Request join = JoinRequest();
     if (rank == 0) {
       auto j = Submit(rt, std::move(join));
       Result res = Get(j);

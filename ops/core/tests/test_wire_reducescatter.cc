@@ -97,10 +97,7 @@ TEST(wire_reducescatter_in_pieces_with_a_joined_rank) {
   o.engine.scheduler.chunk_bytes = 48;
   o.engine.scheduler.inflight = 2;
   RunRanks(o, 3, [](int rank, Runtime& rt) {
-    Request join;
-    join.name = "join";
-    join.op = OpType::kJoin;
-    join.dtype = DataType::kInt32;
+    Request join = JoinRequest();
     if (rank > 0) {
       std::this_thread::sleep_for(std::chrono::milliseconds(30));
       CheckWireReducescatter(3, rank, rt, DataType::kBfloat16, ReduceOp::kSum, {true, false, false});
