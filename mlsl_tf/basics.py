@@ -104,8 +104,8 @@ def init(comm=None):
 
 def _comm_cores(config):
     """MLSL_TF_COMM_CORE as a list of cores ([]: not set), or init()'s error for a bad value. mlsl_tf/cores.py
-    is the setting's one parser (mlslrun's rank wrapper needs it before the library loads), so what it
-    allows comes from there too."""
+    is the setting's one parser (mlslrun's rank wrapper needs it before the library loads; the library's
+    table only documents it and its init() does not check it), so what it allows comes from there too."""
     setting = config[cores.SETTING]
     try:
         return cores.parse(setting.value)

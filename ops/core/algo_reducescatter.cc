@@ -5,6 +5,7 @@
 // Finish applies the postscale (and an average's division).
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "algorithm.h"
 #include "reduce.h"
@@ -15,16 +16,13 @@ namespace {
 class Reducescatter : public Algorithm {
  public:
   Reducescatter(const RequestMeta& m, Request* r, int rank, int size, int64_t piece)
-      : m_(m), r_(r), n_(size), rank_(rank), esize_(int64_t(DataTypeSize(m.dtype))), counts_(size), at_(size) {
+      : m_(m), r_(r), n_(size), rank_(rank), esize_(int64_t(DataTypeSize(m.dtype))) {
     const Shape& shape = m.shapes[0];
-    const int64_t row = m.RowElements(0), total = NumElements(shape);
+    const int64_t total = NumElements(shape);
     e_ = std::max<int64_t>(1, piece / esize_);
-    int64_t at = 0;
-    for (int i = 0; i < n_; ++i) {
-      counts_[i] = (shape[0] / n_ + (i < shape[0] % n_ ? 1 : 0)) * row;
-      at_[i] = at;
-      at += counts_[i];
-    }
+    RowSplit split = SplitRows(shape[0], m.RowElements(0), n_);
+    counts_ = std::move(split.counts);
+    at_ = std::move(split.offsets);
     staging_.resize(size_t(std::max<int64_t>(total, 1) * esize_));
     if (r) {
       if (total) std::memcpy(staging_.data(), r->inputs[0].data, total * esize_);
@@ -33,7 +31,7 @@ class Reducescatter : public Algorithm {
       FillIdentity(staging_.data(), total, m.dtype, m.reduce_op);
     }
     Shape out_shape = shape;
-    out_shape[0] = shape[0] / n_ + (rank < shape[0] % n_ ? 1 : 0);
+    out_shape[0] = split.rows[rank];
     AllocOrScratch(r, 0, out_shape, size_t(counts_[rank] * esize_), &scratch_, &error_, &out_);
     pieces_ = PiecesFor(counts_, e_);
     packed_.resize(pieces_);

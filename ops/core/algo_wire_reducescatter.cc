@@ -8,6 +8,7 @@
 // the postscale (and an average's division).
 #include <algorithm>
 #include <cstring>
+#include <utility>
 
 #include "algorithm.h"
 #include "reduce.h"
@@ -19,18 +20,14 @@ namespace {
 class WireReducescatter : public Algorithm {
  public:
   WireReducescatter(const RequestMeta& m, Request* r, int rank, int size, int64_t piece)
-      : m_(m), r_(r), n_(size), rank_(rank), wsize_(int64_t(WireElementSize(m.wire))), counts_(size), at_(size) {
+      : m_(m), r_(r), n_(size), rank_(rank), wsize_(int64_t(WireElementSize(m.wire))) {
     const Shape& shape = m.shapes[0];
-    const int64_t row = m.RowElements(0);
     e_ = std::max<int64_t>(1, piece / wsize_);
-    int64_t at = 0;
-    for (int i = 0; i < n_; ++i) {
-      counts_[i] = (shape[0] / n_ + (i < shape[0] % n_ ? 1 : 0)) * row;
-      at_[i] = at;
-      at += counts_[i];
-    }
+    RowSplit split = SplitRows(shape[0], m.RowElements(0), n_);
+    counts_ = std::move(split.counts);
+    at_ = std::move(split.offsets);
     Shape out_shape = shape;
-    out_shape[0] = shape[0] / n_ + (rank < shape[0] % n_ ? 1 : 0);
+    out_shape[0] = split.rows[rank];
     void* out = nullptr;
     AllocOrScratch(r, 0, out_shape, size_t(counts_[rank] * sizeof(float)), &scratch_, &error_, &out);
     out_ = static_cast<float*>(out);

@@ -1,5 +1,5 @@
 // MakeAlgorithm (which algorithm runs an op), the barrier and failed algorithms, and the
-// piece arithmetic shared by the algorithm files.
+// piece and row arithmetic shared by the algorithm files.
 #include "algorithm.h"
 
 #include <algorithm>
@@ -78,6 +78,18 @@ void AllocOrScratch(Request* r, int index, const Shape& shape, size_t bytes, std
     fallback->resize(std::max<size_t>(bytes, 1));
     *data = fallback->data();
   }
+}
+
+RowSplit SplitRows(int64_t rows, int64_t row, int size) {
+  RowSplit split{std::vector<int64_t>(size), std::vector<int64_t>(size), std::vector<int64_t>(size)};
+  int64_t at = 0;
+  for (int i = 0; i < size; ++i) {
+    split.rows[i] = rows / size + (i < rows % size ? 1 : 0);
+    split.counts[i] = split.rows[i] * row;
+    split.offsets[i] = at;
+    at += split.counts[i];
+  }
+  return split;
 }
 
 int64_t PiecesFor(const std::vector<int64_t>& bytes, int64_t piece) {

@@ -65,6 +65,14 @@ std::unique_ptr<Algorithm> MakeFailed(const Status& s);
 // and *data points into `fallback` instead, so this rank still takes part in every piece.
 void AllocOrScratch(Request* r, int index, const Shape& shape, size_t bytes, std::vector<char>* fallback,
                     Status* error, void** data);
+// A reducescatter's split of the agreed shape's `rows` rows (of `row` elements each) among `size`
+// ranks, in rank order: rank i gets rows / size rows, and one more when i < rows % size.
+struct RowSplit {
+  std::vector<int64_t> rows;     // rank i's rows (its output's first dimension)
+  std::vector<int64_t> counts;   // ... as elements
+  std::vector<int64_t> offsets;  // where rank i's elements start in the input
+};
+RowSplit SplitRows(int64_t rows, int64_t row, int size);
 // How many pieces of at most `piece` bytes carry the largest of `bytes` (at least 1).
 int64_t PiecesFor(const std::vector<int64_t>& bytes, int64_t piece);
 // The part of a `total`-byte run that piece j of `piece` bytes covers: [*at, *at + *len).

@@ -246,10 +246,10 @@ Communicator* Scheduler::Slot(int i) {
   return slots_[i].get();
 }
 
-Scheduler::Work* Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_done) {
+size_t Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_done) {
   for (size_t i = 0; i < queue_.size();) {
     Work* w = queue_[i].get();
-    if (!w->piecewise) return w;
+    if (!w->piecewise) return i;
     if (!w->algo) {
       Part& p = w->parts[0];
       int64_t piece = std::max<int64_t>(1, std::min(options_.chunk_bytes, comm_->max_message_bytes()));
@@ -261,20 +261,24 @@ Scheduler::Work* Scheduler::Startable(const std::vector<bool>& joined, uint64_t 
         if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, w->first_start);
       }
       if (w->algo->started_all()) {  // failed on agreed facts, or nothing to move: no piece at all
-        std::unique_ptr<Work> own = std::move(queue_[i]);
-        queue_.erase(queue_.begin() + i);
-        active_.push_back(std::move(own));
+        Activate(i);
         FinishPieces(w);
         continue;
       }
     }
-    if (w->synced || w->sync_seq < common_done) return w;
+    if (w->synced || w->sync_seq < common_done) return i;
     ++i;  // waits for its previous piece on every rank; what is behind it may go
   }
-  return nullptr;
+  return queue_.size();
 }
 
-void Scheduler::StartPiece(Work* w) {
+void Scheduler::Activate(size_t at) {
+  active_.push_back(std::move(queue_[at]));
+  queue_.erase(queue_.begin() + std::ptrdiff_t(at));
+}
+
+void Scheduler::StartPiece(size_t at) {
+  Work* w = queue_[at].get();
   auto unit = std::make_unique<Unit>();
   unit->seq = started_++;
   unit->work = w;
@@ -293,20 +297,17 @@ void Scheduler::StartPiece(Work* w) {
   w->sync_seq = unit->seq;
   w->outstanding++;
   inflight_.push_back(std::move(unit));
-  if (w->algo->started_all()) {
-    auto it = Queued(w);
-    active_.push_back(std::move(*it));
-    queue_.erase(it);
-  }
+  if (w->algo->started_all()) Activate(at);
 }
 
 void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
   if (common_done == UINT64_MAX) common_done = completed_prefix_;
   while (started_ < limit && !queue_.empty()) {
-    Work* head = Startable(joined, common_done);
-    if (!head) break;
+    const size_t at = Startable(joined, common_done);  // the one walk: `at` stays head's place
+    if (at == queue_.size()) break;
+    Work* head = queue_[at].get();
     if (!head->prepared) {
-      Fuse(head);
+      Fuse(head);  // takes only works behind head out of the queue
       Prepare(head);
     }
     if (last_started_ && last_started_ != head && last_started_->unfinished()) {
@@ -318,15 +319,11 @@ void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint6
     }
     last_started_ = head;
     if (head->piecewise) {
-      StartPiece(head);
+      StartPiece(at);
       continue;
     }
     StartChunk(head);
-    if (head->next == head->total) {
-      auto it = Queued(head);
-      active_.push_back(std::move(*it));
-      queue_.erase(it);
-    }
+    if (head->next == head->total) Activate(at);
   }
 }
 

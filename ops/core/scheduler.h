@@ -91,10 +91,13 @@ class Scheduler {
   void Fuse(Work* head);
   void Prepare(Work* w);
   void StartChunk(Work* w);
-  // The first queued work whose next unit may start now (null: none); makes algorithms.
-  Work* Startable(const std::vector<bool>& joined, uint64_t common_done);
-  // Starts the next piece of an algorithm's work (algorithm.h).
-  void StartPiece(Work* w);
+  // Where in queue_ the first work stands whose next unit may start now (queue_.size(): none);
+  // makes algorithms. The caller keeps the position: nothing before it moves until it starts.
+  size_t Startable(const std::vector<bool>& joined, uint64_t common_done);
+  // Starts the next piece of the algorithm's work queue_[at] (algorithm.h).
+  void StartPiece(size_t at);
+  // queue_[at] has started its last unit: it moves to active_.
+  void Activate(size_t at);
   // Every piece of w has completed here: its requests finish.
   void FinishPieces(Work* w);
   void Retire(Work* w);

@@ -51,8 +51,11 @@ const std::vector<SettingInfo>& AllSettings() {
       {"MLSL_TF_WIRE_DTYPE", "float32",
        "wire type of float32 allreduces/reducescatters without an explicit compression",
        T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none", true},
+      // init() hands the library this local rank's core (mlsl_tf_pin_background_thread); the
+      // allowed words are mlsl_tf/cores.py's ALLOWED (tests/unit/test_comm_core.py compares them).
       {"MLSL_TF_COMM_CORE", "",
-       "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kCores},
+       "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kPython,
+       0, 0, "empty, or a core number or a comma-separated list of them (e.g. 3 or 2,3)"},
       {"MLSL_TF_BIND", "auto",
        "'auto': init() binds each rank's threads to its own block of the machine's physical cores when the launcher "
        "did not bind it and every local rank can have a whole core (see mlsl_tf/affinity.py); 'none': leave them",
@@ -174,7 +177,7 @@ std::string Allowed(const SettingInfo& info) {
       return std::string("an integer ") + Range(info) + (*info.default_value ? "" : ", or empty");
     case SettingType::kBytes:
       return "a size in bytes " + Range(info) + ", optionally with a unit (KB, KiB, MB, MiB, GB, GiB)";
-    case SettingType::kCores: return "empty, or a core number or a comma-separated list of them (e.g. 3 or 2,3)";
+    case SettingType::kPython: return info.choices;
     case SettingType::kChoice:
     case SettingType::kThreads: {
       std::string out = "one of ";
@@ -209,18 +212,7 @@ std::string CheckSetting(const SettingInfo& info, const std::string& raw, int64_
       }
       break;
     }
-    case SettingType::kCores: {
-      size_t pos = 0;
-      while (ok && pos < text.size()) {
-        size_t comma = text.find(',', pos);
-        std::string item = Trim(text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos));
-        int64_t core;
-        ok = ParseInteger(item, &core) && core >= 0;
-        if (comma == std::string::npos) break;
-        pos = comma + 1;
-      }
-      break;
-    }
+    case SettingType::kPython: break;  // Python's to check (init() does, before the library's)
   }
   if (!ok) return std::string(variable ? variable : info.name) + "=" + raw + " is not valid: expected " + Allowed(info);
   if (number) *number = value;

@@ -146,3 +146,39 @@ def test_mlslrun_comm_core_end_to_end():
         return
     assert lines["main"] == str(sorted(ALLOWED - {comm}))
     assert repr(str(comm)) in lines["threads"], r.stdout  # the background thread, pinned
+
+
+def test_the_librarys_table_documents_what_the_one_parser_allows():
+    """The library's table keeps MLSL_TF_COMM_CORE for mlsl_tf.settings() and the README, but
+    only mlsl_tf/cores.py parses it: the words the table shows must be the parser's."""
+    from mlsl_tf import _library
+    setting = _library.settings()[cores.SETTING]
+    assert setting.allowed == cores.ALLOWED
+    assert cores.parse(setting.default) == []
+
+
+BAD_COMM_CORE = """
+import sys
+import mlsl_tf as hvd
+try:
+    hvd.init()
+except RuntimeError as e:
+    sys.stdout.write("INIT-ERROR " + str(e).replace(chr(10), " ") + chr(10))  # one write per rank
+    sys.stdout.flush()
+    sys.exit(0)  # not an error exit: mpiexec would stop the other rank before it reports
+print("NO-ERROR", flush=True)
+"""
+
+
+@pytest.mark.timeout(240)
+def test_a_bad_comm_core_is_an_init_error_on_every_rank():
+    """Python is the one parser, and init() refuses a bad value before the library starts MPI:
+    every rank fails, naming the variable, the value and what is allowed."""
+    mpiexec = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MLSL_TF_")}
+    env.update(PYTHONPATH=ROOT, TF_CPP_MIN_LOG_LEVEL="3", MLSL_TF_COMM_CORE="1,one")
+    r = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", BAD_COMM_CORE], env=env, capture_output=True,
+                       text=True, timeout=220, stdin=subprocess.DEVNULL)
+    lines = [line for line in r.stdout.splitlines() if "ERROR" in line]
+    expected = f"INIT-ERROR mlsl_tf.init() failed: MLSL_TF_COMM_CORE=1,one is not valid: expected {cores.ALLOWED}"
+    assert lines == [expected, expected], r.stdout + r.stderr

@@ -2,7 +2,9 @@
 the library reads, checks and interprets the environment for the core; Python names a setting of
 the table only where the list below says why that is no second parser -- mlslrun sets a variable
 from its own flag, or Python gives meaning to a value the library's table checked (or, for
-MLSL_TF_COMM_CORE, Python is the parser).  Defaults Python shows or models must be the table's."""
+MLSL_TF_COMM_CORE, Python is the only parser: the table keeps its entry, type kPython, for the
+default, doc and allowed words the docs show, and the library never parses it).  Defaults Python
+shows or models must be the table's."""
 
 import ast
 import os
@@ -23,7 +25,8 @@ _MEANS = ("Python gives it its meaning (the core has no use for it) from the val
 # (file under mlsl_tf/, setting) -> why that file may name a setting of the library's table.
 PYTHON_NAMES = {
     ("cores.py", "MLSL_TF_COMM_CORE"): "its one parser: mlslrun's rank wrapper needs it before the library "
-                                       "loads, and init() hands the library a core number",
+                                       "loads, and init() hands the library a core number; the library's "
+                                       "table keeps the entry (kPython) only for the docs and defaults",
     ("affinity.py", "MLSL_TF_BIND"): _MEANS,
     ("threads.py", "MLSL_TF_INTER_OP_THREADS"): _MEANS,
     ("threads.py", "MLSL_TF_THREAD_SPINNING"): _MEANS,

@@ -4,6 +4,7 @@
 // allreduce overtakes a big broadcast, allgather and alltoall between two pieces.
 #include <mutex>
 
+#include "../algorithm.h"
 #include "harness.h"
 
 using namespace mlsl;
@@ -177,4 +178,24 @@ TEST(urgent_allreduce_overtakes_big_broadcast_allgather_alltoall) {
     });
     for (auto& o : orders) CHECK(o == (std::vector<std::string>{"urgent", "big"}));
   }
+}
+
+// The one row split both reducescatters use: the rows add up, the first rows % size ranks take
+// one more, and the segments follow each other in rank order.
+TEST(reducescatter_row_split) {
+  for (int64_t rows = 0; rows <= 11; ++rows) {
+    for (int size = 1; size <= 5; ++size) {
+      const RowSplit s = SplitRows(rows, 3, size);
+      int64_t total = 0;
+      for (int i = 0; i < size; ++i) {
+        CHECK_EQ(s.rows[i], rows / size + (i < rows % size ? 1 : 0));
+        CHECK_EQ(s.counts[i], s.rows[i] * 3);
+        CHECK_EQ(s.offsets[i], total);
+        total += s.counts[i];
+      }
+      CHECK_EQ(total, rows * 3);
+    }
+  }
+  const RowSplit s = SplitRows(7, 2, 3);
+  CHECK(s.rows == (std::vector<int64_t>{3, 2, 2}) && s.offsets == (std::vector<int64_t>{0, 6, 10}));
 }
