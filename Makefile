@@ -131,7 +131,7 @@ test-unit: venv lib sim
 # and 3 ranks; the files in MPI4_TESTS (groups need 4 ranks for a 2x2 grid; bf16 error vs
 # rank count; every op and dtype; Adasum's two-level tree) also on 4.
 MPI4_TESTS := tests/mpi/test_groups.py tests/mpi/test_bf16.py tests/mpi/test_ops.py tests/mpi/test_adasum.py
-test-mpi: venv lib
+test-mpi: venv lib sim
 	@set -e; for n in 2 3; do for f in tests/mpi/test_*.py; do \
 	  echo "== mpiexec -n $$n $$f"; \
 	  timeout $(TIMEOUT) $(MPIEXEC) -n $$n $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \

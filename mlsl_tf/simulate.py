@@ -1,6 +1,6 @@
-"""Predicts data-parallel training at 8-1024 nodes: runs mlsl_sim (the real C++ scheduler on a
-virtual clock over an alpha-beta model of MPICH's collectives; built by `make sim`, shipped in
-the installed package) per node count and policy, prints JSON lines, draws efficiency vs nodes.
+"""Predicts data-parallel training at 8-1024 nodes: runs mlsl_sim (the core's own engine --
+cycle, negotiation, eager path, scheduler -- stepped on a virtual clock over an alpha-beta model
+of MPICH's collectives; built by `make sim`, shipped in the installed package) per node count and policy, prints JSON lines, draws efficiency vs nodes.
 
     python -m mlsl_tf.simulate --model resnet50 --nodes 8,64,256,1024 --link 100gbit --latency 1us \\
         --batch 64 --images-per-s 100 --png sim.png
@@ -13,7 +13,8 @@ backward = --bwd-ratio x forward) or its own fwd_s / bwd_s (a table measured els
 
 Policies (what each idea buys is the difference between neighbours):
   horovod   FIFO, no cross-iteration overlap, Horovod's 64 MiB fusion, no chunking, one
-            collective in flight, a 1 ms cycle (HOROVOD_CYCLE_TIME's default)
+            collective in flight, a 1 ms cycle (HOROVOD_CYCLE_TIME's default), no small
+            allreduces riding in the control message
   fifo      mlsl_tf's scheduler with MLSL_TF_PRIORITY=fifo, MLSL_TF_CROSS_ITERATION=0
   priority  priority order with preemption between 1 MiB chunks, no cross-iteration overlap
   overlap   priority + cross-iteration overlap: mlsl_tf's default
@@ -33,7 +34,7 @@ HERE = pathlib.Path(__file__).resolve().parent
 MODELS = HERE / "sim_models"
 POLICIES = {
     "horovod": {"fifo": 1, "cross_iteration": 0, "fusion_threshold": 64 << 20, "chunk_bytes": (1 << 31) - 1,
-                "inflight": 1, "cycle_s": 1e-3},
+                "inflight": 1, "cycle_s": 1e-3, "eager_bytes": 0},
     "fifo": {"fifo": 1, "cross_iteration": 0},
     "priority": {"fifo": 0, "cross_iteration": 0},
     "overlap": {"fifo": 0, "cross_iteration": 1},

@@ -12,6 +12,7 @@
 #include <cstring>
 
 #include "logging.h"
+#include "loop_policy.h"
 
 namespace mlsl {
 
@@ -145,13 +146,8 @@ void Runtime::BetweenCycles(Engine* engine, int idle) {
 }
 
 void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, int idle) {
-  const bool idle_here = engine.AllIdle();
-  const bool local_work = engine.HasWork() || !idle_here;
-  std::chrono::microseconds wait(0);
-  if (!idle_here) {
-    // transfers in flight: poll, or over a network sleep a little between tests
-    wait = engine.PollInterval();
-  } else if (!local_work) {
+  auto wait = LoopPolicy::BetweenCycles(engine, idle, options_.heartbeat);
+  if (engine.AllIdle() && !engine.HasWork()) {
     // Just finished something: the next request usually follows within microseconds, so poll
     // briefly before sleeping (an idle process still sleeps, a busy one does not pay a
     // wake-up per collective).
@@ -161,11 +157,7 @@ void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, in
       std::this_thread::yield();
       lock->lock();
     }
-    if (incoming_.empty()) wait = options_.heartbeat;
-  } else if (idle >= 8) {
-    // Waiting on peers: back off so two ranks waiting on each other do not spin.
-    wait = std::min<std::chrono::microseconds>(std::chrono::microseconds(20 << std::min(idle - 8, 6)),
-                                               std::chrono::milliseconds(1));
+    if (!incoming_.empty()) wait = LoopPolicy::us(0);
   }
   if (wait.count() > 0) {
     cv_.wait_for(*lock, wait, [this] { return !incoming_.empty() || stop_requested_ || timeline_change_; });
@@ -177,30 +169,17 @@ StepResult Runtime::RunCycle(Engine* engine) {
   for (int spins = 0;; ++spins) {
     StepResult r = engine->Step(Clock::now());
     if (r.started_units) {
-      // Small transfers just started usually finish within microseconds: finishing them here
-      // saves a control round trip before the framework sees the result.
-      const auto until = Clock::now() + std::chrono::microseconds(20);
+      const auto until = Clock::now() + LoopPolicy::kFinishStarted;
       while (!engine->AllIdle() && Clock::now() < until) engine->Progress();
     }
     if (r.closed || r.cycle_done) return r;
-    // An exchange travels. Over a network, sleep between tests of the transfers in flight;
-    // else poll (MPI moves shared-memory data only inside Test; a yield per test would spend
-    // most of the time in the scheduler, one in 64 still lets a waiting thread run), and with
-    // nothing in flight sleep in short steps once the wait is long, so a waiting rank does not
-    // burn its core.
-    const bool busy = !engine->AllIdle();
-    if (busy) {
-      const auto pause = engine->PollInterval();
-      if (pause.count() > 0) std::this_thread::sleep_for(pause);
-    }
-    if (spins < 64) continue;
-    const auto waited = Clock::now() - start;
-    if (busy || waited < std::chrono::microseconds(200)) {
-      if (spins % 64 == 0) std::this_thread::yield();
-    } else if (waited < std::chrono::milliseconds(5)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    // An exchange travels: test again at once, after a yield (one spin in kSpins: a yield per
+    // test would spend most of the time in the scheduler), or after the policy's pause.
+    const auto pause = LoopPolicy::WithinCycle(*engine, spins, Clock::now() - start);
+    if (pause.count() > 0) {
+      std::this_thread::sleep_for(pause);
+    } else if (spins >= LoopPolicy::kSpins && spins % LoopPolicy::kSpins == 0) {
+      std::this_thread::yield();
     }
   }
 }

@@ -311,6 +311,7 @@ void SimNetwork::AdvanceTo(double t) {
     for (auto it = ops_.begin(); it != ops_.end();) {
       if (it->second.cpu_left <= 0 && it->second.latency_end <= now_ && it->second.link_left <= kDoneSeconds) {
         it = ops_.erase(it);
+        ++completed_;
       } else {
         ++it;
       }

@@ -121,6 +121,8 @@ class SimNetwork : public TimeSource {
   // Moves the clock to t (>= now), completing what finishes by then.
   void AdvanceTo(double t);
   int in_flight() const { return int(ops_.size()); }
+  // Operations completed so far: a reader that saw the same count saw every completion.
+  uint64_t completed() const { return completed_; }
   // Whether some operation is in its link part now.
   bool link_active() const;
   // The fraction of the link's rate available from now on (1: all of it); the simulator lowers
@@ -150,7 +152,7 @@ class SimNetwork : public TimeSource {
   std::map<uint64_t, Op>::const_iterator CpuHead() const;
   SimFabric fabric_;
   double now_ = 0, link_busy_ = 0, rate_ = 1, cpu_rate_ = 1;
-  uint64_t next_handle_ = 0;
+  uint64_t next_handle_ = 0, completed_ = 0;
   std::map<uint64_t, Op> ops_;
 };
 

@@ -106,20 +106,44 @@ def test_fit_monotone():
 ALPHA, BETA, KAPPA, CODEC = 20e-6, 8e-9, 0.3, 2e-8  # a codec slower than the link: it sets comm_bf16
 
 
+def _made_step(h, config, alpha=ALPHA, beta=BETA, kappa=KAPPA, codec=CODEC):
+    compute = 0.0 if config.startswith("comm") else 0.06
+    # 3 ranks on 2 cores: each rank's compute meets 1.5 ranks' traffic, and its codec thread gets
+    # 1/1.5 of a core
+    k = 0.0 if compute == 0 else kappa * calibrate_sim.ranks_per_core(h, 2)
+    return calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config], k,
+                                 codec=codec * calibrate_sim.ranks_per_core(h, 2), cpu="both")
+
+
 def _made_rows(alpha=ALPHA, beta=BETA, kappa=KAPPA, codec=CODEC):
     """Every configuration on 2 and 3 hosts, made by the simulator with these figures."""
     rows = []
     for h in (2, 3):
         rows.append({"hosts": h, "rate": "1gbit", "config": "compute", "step_s": 0.06})
         for config in ("comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16"):
-            compute = 0.0 if config.startswith("comm") else 0.06
-            # 3 ranks on 2 cores: each rank's compute meets 1.5 ranks' traffic, and its codec
-            # thread gets 1/1.5 of a core
-            k = 0.0 if compute == 0 else kappa * calibrate_sim.ranks_per_core(h, 2)
-            t = calibrate_sim.predict(TABLE, compute, h, alpha, beta, calibrate_sim.POLICY_OF[config], k,
-                                      codec=codec * calibrate_sim.ranks_per_core(h, 2), cpu="both")
-            rows.append({"hosts": h, "rate": "1gbit", "config": config, "step_s": t})
+            rows.append({"hosts": h, "rate": "1gbit", "config": config,
+                         "step_s": _made_step(h, config, alpha, beta, kappa, codec)})
     return rows
+
+
+def _within(results, step_along, tolerance=0.02):
+    """Each row predicted within `tolerance`, or within the simulator's own step over the figures
+    between the true ones and the fitted ones (step_along(row, x): the row's simulated step with
+    the figures a fraction x of the way). The simulator runs the engine, whose cycles and tests
+    come at the pacer's poll ticks: this three-layer model's few transfers order differently as
+    beta moves by tenths of a percent, and its step jumps (3-host overlap_bf16: 0.2108 s at
+    beta 8e-9, 0.2025 s at 8.02e-9, 0.2111 s at 8.1e-9), so a fit that recovers beta within 2%
+    can land on the other side of such a jump."""
+    for r in results:
+        if abs(r["error"]) < tolerance:
+            continue
+        steps = [step_along(r, i / 8) for i in range(9)]
+        spread = (max(steps) - min(steps)) / r["measured_s"]
+        assert abs(r["error"]) < tolerance + spread, (r, steps)
+
+
+def _beta_towards(fitted_beta):
+    return lambda r, x: _made_step(r["hosts"], r["config"], beta=BETA + (fitted_beta - BETA) * x)
 
 
 def test_round_trip_through_the_simulator(binary):
@@ -129,7 +153,8 @@ def test_round_trip_through_the_simulator(binary):
     assert fit["beta_s_per_byte"] == pytest.approx(BETA, rel=0.1)
     assert fit["cpu_factor"] == pytest.approx(KAPPA, rel=0.1)
     assert fit["codec_s_per_byte"] == pytest.approx(CODEC, rel=0.1)
-    assert len(results) == 12 and all(abs(r["error"]) < 0.02 for r in results)
+    assert len(results) == 12
+    _within(results, _beta_towards(fit["beta_s_per_byte"]))
     # k is fitted on fifo, priority and overlap: only overlap_bf16 is held out
     assert fit["cpu_fitted_on"] == ["fifo", "priority", "overlap"]
     assert {r["config"] for r in results if not r["fitted_on"]} == {"overlap_bf16"}
@@ -139,7 +164,7 @@ def test_round_trip_through_the_simulator(binary):
     fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2, cpu_fit=("overlap",))
     assert fits["1gbit"]["cpu_factor"] == pytest.approx(KAPPA, rel=0.1)
     assert calibrate_sim.summary(results)["summary"]["held_out"] == 6
-    assert all(abs(r["error"]) < 0.02 for r in results)
+    _within(results, _beta_towards(fits["1gbit"]["beta_s_per_byte"]))
 
 
 def _policy_rows(kappas, compute=0.06, alpha=20e-6, beta=8e-9):
@@ -177,7 +202,7 @@ def test_fixed_figures_predict_new_runs_without_fitting(binary, tmp_path):
     fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], fixed=fixed)
     assert fits["1gbit"]["cpu_factor"] == fit["cpu_factor"] and fits["1gbit"]["fixed"]
     assert len(results) == 12 and not any(r["fitted_on"] for r in results)
-    assert all(abs(r["error"]) < 0.02 for r in results)
+    _within(results, _beta_towards(fit["beta_s_per_byte"]))
     # runs of a machine whose cores are shared differently (k 0.6, the fit's 0.3): not refitted,
     # so the training rows come out off
     other = _policy_rows({"overlap": 0.6, "fifo": 0.6, "priority": 0.6})
@@ -212,20 +237,27 @@ def test_one_codec_figure_for_the_machine_from_two_link_rates(binary):
     # both rates (the codec is CPU work; the link rate does not change it).
     alpha, codec = 20e-6, 1e-8
     betas = {"1gbit": 8e-9, "10gbit": 8e-10}
+
+    def step(h, rate, config, beta, c):
+        c = c * calibrate_sim.ranks_per_core(h, 2) if config == "comm_bf16" else 0.0
+        return calibrate_sim.predict(TABLE, 0, h, alpha, beta, calibrate_sim.POLICY_OF[config], codec=c,
+                                     thread_progress=False)
+
     rows = []
     for rate, beta in betas.items():
         for h in (2, 3):
             rows.append({"hosts": h, "rate": rate, "config": "compute", "step_s": 0.06})
             for config in ("comm", "comm_bf16"):
-                c = codec * calibrate_sim.ranks_per_core(h, 2) if config == "comm_bf16" else 0.0
-                t = calibrate_sim.predict(TABLE, 0, h, alpha, beta, calibrate_sim.POLICY_OF[config], codec=c,
-                                          thread_progress=False)
-                rows.append({"hosts": h, "rate": rate, "config": config, "step_s": t})
-    # (transfers that wait for the codec make this three-layer model's step jump by 8% when beta
-    # moves by 0.2%, as its few chunks reorder; ResNet-50's hundreds do not: checked without)
+                rows.append({"hosts": h, "rate": rate, "config": config, "step_s": step(h, rate, config, beta, codec)})
     fits, results = calibrate_sim.validate(rows, TABLE, [2, 3], cores=2, thread_progress=False)
-    assert fits["1gbit"]["codec_s_per_byte"] == fits["10gbit"]["codec_s_per_byte"] == pytest.approx(codec, rel=0.1)
-    assert all(abs(r["error"]) < 0.05 for r in results)
+    fitted = fits["1gbit"]["codec_s_per_byte"]
+    assert fitted == fits["10gbit"]["codec_s_per_byte"] == pytest.approx(codec, rel=0.1)
+
+    def along(r, x):  # transfers that wait for the codec reorder too (_within)
+        beta, fitted_beta = betas[r["rate"]], fits[r["rate"]]["beta_s_per_byte"]
+        return step(r["hosts"], r["rate"], r["config"], beta + (fitted_beta - beta) * x, codec + (fitted - codec) * x)
+
+    _within(results, along, tolerance=0.05)
 
 
 def test_rows_are_predicted_from_the_compute_of_their_own_runs(binary):

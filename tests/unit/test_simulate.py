@@ -4,6 +4,7 @@ predictions, the config it writes, the ResNet-50 table, the command line end to 
 import json
 import math
 import pathlib
+import subprocess
 
 import pytest
 
@@ -171,3 +172,43 @@ def test_find_binary_prefers_the_installed_one(tmp_path, monkeypatch):
     monkeypatch.setenv("MLSL_SIM_BINARY", str(tmp_path / "other"))
     with pytest.raises(FileNotFoundError, match="other"):
         simulate.find_binary()
+
+
+SIM_SOURCES = sorted((ROOT / "ops" / "core" / "sim").glob("*.[hc]*"))
+
+
+def test_the_simulator_has_no_model_of_the_cycle_of_its_own():
+    # It steps the core's Engine where LoopPolicy says the Runtime's thread would: the control
+    # message, the negotiation and the scheduler are reached only through the engine.
+    text = {p.name: p.read_text() for p in SIM_SOURCES}
+    assert "background_thread.cc" in text and "training.cc" in text
+    for name, src in text.items():
+        for banned in ("AllreduceWords", "ControlMessage", "scheduler.h", "Scheduler ", "Coordinator", "Control()"):
+            assert banned not in src, f"ops/core/sim/{name} names {banned}"
+    assert "engine_->Step(" in text["background_thread.cc"]
+    assert "LoopPolicy::BetweenCycles" in text["background_thread.cc"]
+    assert "LoopPolicy::WithinCycle" in text["background_thread.cc"]
+
+
+def requests(binary, lines, *extra):
+    text = "ranks 4\nranks_per_host 1\nalpha 20e-6\nbeta 4e-9\nrounds 2\n" + "".join(l + "\n" for l in lines)
+    out = subprocess.run([binary, "--requests", *extra], input=text, capture_output=True, text=True, timeout=60)
+    return out.returncode, [json.loads(l) for l in out.stdout.splitlines()], out.stderr
+
+
+def test_requests_mode_an_urgent_request_overtakes_a_big_one(binary):
+    # 64 MiB of low priority at t=0, 4 KiB urgent 5 ms later: the urgent one goes between two chunks
+    rc, done, err = requests(binary, ["request big 67108864 9", "request urgent 4096 0 0.005"])
+    assert rc == 0, err
+    last = {d["name"]: d["done_s"] for d in done if d["round"] == 1}
+    assert last["urgent"] - 0.005 < 0.1 * last["big"] and last["urgent"] < last["big"]
+    assert [d["round"] for d in done] == [0, 0, 1, 1]
+
+
+def test_requests_mode_refuses_bad_input(binary):
+    rc, _, err = requests(binary, [])
+    assert rc == 1 and "no requests" in err
+    rc, _, err = requests(binary, ["request x -5 0"])
+    assert rc == 1 and "cannot read 'request x -5 0'" in err
+    rc, _, err = requests(binary, ["request x 64 0"], "/no/such/file")
+    assert rc == 2 and "cannot open /no/such/file" in err

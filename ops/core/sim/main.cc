@@ -2,11 +2,14 @@
 // first argument, or stdin, plays it (RunTraining) and prints the result as one JSON line.
 //   mlsl_sim [CONFIG]                 simulate training
 //   mlsl_sim --cost BYTES... < CONFIG the fabric's allreduce cost of each size, one JSON line each
+//   mlsl_sim --requests [CONFIG]      the config's requests (requests.h): one JSON line per completion
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iostream>
 
+#include "../meta.h"
+#include "requests.h"
 #include "training.h"
 
 namespace {
@@ -27,11 +30,35 @@ int Costs(int argc, char** argv) {
   return 0;
 }
 
+int Requests(int argc, char** argv) {
+  mlsl::SimConfig config;
+  std::string error;
+  std::ifstream file;
+  if (argc > 2) file.open(argv[2]);
+  if (argc > 2 && !file) {
+    std::cerr << "mlsl_sim: cannot open " << argv[2] << "\n";
+    return 2;
+  }
+  std::vector<mlsl::SimCompletion> done;
+  bool ok = mlsl::ParseConfig(argc > 2 ? file : std::cin, &config, &error, /*layers=*/false) &&
+            mlsl::RunRequests(config, &done, &error);
+  if (!ok) {
+    std::cerr << "mlsl_sim: " << error << "\n";
+    return 1;
+  }
+  for (const mlsl::SimCompletion& c : done) {
+    std::cout << "{\"round\": " << c.round << ", \"name\": \"" << mlsl::JsonEscape(c.name)
+              << "\", \"done_s\": " << c.done_s << "}" << std::endl;
+  }
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::cout.precision(12);
   if (argc > 1 && std::strcmp(argv[1], "--cost") == 0) return Costs(argc, argv);
+  if (argc > 1 && std::strcmp(argv[1], "--requests") == 0) return Requests(argc, argv);
   mlsl::SimConfig config;
   std::string error;
   bool ok;

@@ -1,19 +1,12 @@
 // Simulated data-parallel training: plays forward and backward passes of a model's layers on
 // the virtual clock of a SimNetwork and hands each layer's gradients, the moment its backward
-// pass ends, to the real Scheduler (ops/core/scheduler.cc) over a SimCommunicator, through a
-// model of the Runtime's background cycle; reports the steady-state step time.
-//
-// Why the Scheduler and not the Runtime: the Runtime's background thread waits on real time
-// (condition variables, sleeps) and cannot be stepped by a virtual clock without rewriting it.
-// Every scheduling decision -- order by (priority, id) or agreement, fusion, chunking,
-// preemption between chunks, the window of units in flight -- is the Scheduler's, and is used
-// here unchanged. What the Runtime adds is when the Scheduler is called, and that is modelled
-// as Runtime::Cycle does it (see RunTraining in training.cc): one control allreduce per cycle,
-// cycles back to back while there is work, requests submitted during a cycle agreed at the end
-// of the next, new units started only at the end of a cycle, up to the units completed when
-// that cycle began plus the in-flight window; with transfers in flight and nothing submitted,
-// the cycle waits the Pacer's poll interval first. Names are taken as already negotiated
-// (the first step's announcement is not simulated; steps before `warmup` are not measured).
+// pass ends, to the real Engine (engine.h) over a SimCommunicator, stepped as the Runtime steps
+// it (SimBackgroundThread, background_thread.h); reports the steady-state step time. The
+// cycle, negotiation, eager path, scheduling, fusion, chunking and pacing are the core's own
+// code: only the compute, the network and the background thread's clock are simulated. One
+// process stands for every rank (the ranks are identical: SimCommunicator), so what is agreed
+// is what this rank submits; steps before `warmup` (the first announces every name) are not
+// measured.
 #pragma once
 
 #include <cstdint>
@@ -21,7 +14,7 @@
 #include <string>
 #include <vector>
 
-#include "../scheduler.h"
+#include "../options.h"
 #include "../sim_communicator.h"
 
 namespace mlsl {
@@ -32,12 +25,20 @@ struct SimLayer {
   std::vector<int64_t> grads;   // bytes of each float32 gradient tensor
 };
 
+// A collective of the requests mode (requests.h): an allreduce of `bytes` of float32.
+struct SimRequest {
+  std::string name;
+  int64_t bytes = 0;
+  int priority = 0;
+  double at_s = 0;  // submitted this long after the round began
+};
+
 struct SimConfig {
   SimFabric fabric;
-  SchedulerOptions scheduler{1 << 20, 4, 1 << 20, false, nullptr};
+  RuntimeOptions runtime;       // the settings table's defaults; the keys below override some
   bool cross_iteration = true;  // the next forward of layer i waits only for layer i's gradients
   bool bf16 = false;            // gradients travel as bfloat16 (the real wire path: all-to-all + allgather)
-  double cycle_s = 0;           // least time between two control cycles (Horovod's cycle time)
+  double cycle_s = 0;           // least time between the starts of two cycles (Horovod's cycle time; 0: none)
   double interference = 0;      // compute runs 1 + this times slower while the link carries data
   double contention = 0;        // the link runs 1 + this times slower while compute runs
   // The bf16 codec is CPU work of the background thread (SimCost::cpu): compute runs 1 + this
@@ -49,6 +50,8 @@ struct SimConfig {
   std::string timeline;         // Chrome-trace of the scheduler on virtual time ("" = none)
   std::string label;            // echoed in the result
   std::vector<SimLayer> layers;
+  std::vector<SimRequest> requests;  // "request NAME BYTES PRIORITY [AT_S]" lines (requests.h)
+  int rounds = 2;                    // times the requests are submitted, each once the last completed
 };
 
 struct SimResult {
@@ -63,8 +66,9 @@ struct SimResult {
   std::string stats;         // the scheduler's counters (Stats::Json)
 };
 
-// Reads "key value" lines and "layer NAME FWD_S BWD_S [BYTES ...]" lines ('#' comments);
-// `layers`: at least one layer is required.
+// Reads "key value" lines (fabric: ranks ... thread_progress; engine: chunk_bytes, inflight,
+// fusion_threshold, fifo, eager_bytes, heartbeat_ms; the rest of SimConfig) and "layer NAME FWD_S BWD_S [BYTES ...]" lines ('#' comments);
+// `layers`: at least one layer is required. Also "request NAME BYTES PRIORITY [AT_S]" lines.
 bool ParseConfig(std::istream& in, SimConfig* config, std::string* error, bool layers = true);
 // Plays config.steps steps; false with *error when the simulation cannot finish.
 bool RunTraining(const SimConfig& config, SimResult* result, std::string* error);

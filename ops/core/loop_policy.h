@@ -1,0 +1,35 @@
+// LoopPolicy: when the background thread steps the Engine -- how long it waits between cycles and
+// between two steps of a cycle -- as pure functions of the engine's state and elapsed time. The
+// Runtime follows them on the real clock (runtime.cc), the simulator on virtual time (sim/).
+#pragma once
+
+#include <chrono>
+
+#include "engine.h"
+
+namespace mlsl {
+
+struct LoopPolicy {
+  using us = std::chrono::microseconds;
+
+  // After starting transfers, the thread keeps testing them this long: small ones finish within
+  // microseconds, and finishing them here saves a control round trip before the framework sees
+  // the result.
+  static constexpr us kFinishStarted{20};
+  // Steps of a cycle that spin before the thread yields or sleeps between them.
+  static constexpr int kSpins = 64;
+
+  // Between cycles with nothing submitted: the longest the thread waits for a submission before
+  // it runs the next cycle anyway (0: at once). Transfers in flight: the poll interval (over a
+  // network it sleeps a little between tests); nothing at all: `heartbeat` (after spinning for
+  // the runtime's spin time, which on a virtual clock costs nothing); waiting on peers for
+  // `idle_cycles` cycles in a row: a backoff, so two ranks waiting on each other do not spin.
+  static us BetweenCycles(const Engine& engine, int idle_cycles, us heartbeat);
+
+  // Within a cycle whose exchange travels, after `spins` steps and `waited` since it began: the
+  // pause before the next step (0: at once). Transfers in flight: the poll interval; else spin,
+  // then yield (0 too), then sleep 20 us, and 200 us once the wait is long.
+  static us WithinCycle(const Engine& engine, int spins, std::chrono::steady_clock::duration waited);
+};
+
+}  // namespace mlsl

@@ -1,0 +1,67 @@
+// SimBackgroundThread: the Runtime's background thread on a SimNetwork's virtual clock -- the
+// real Engine (engine.h) stepped when LoopPolicy (loop_policy.h) says the Runtime steps it: a
+// cycle as soon as something is submitted, after the poll interval while transfers are in flight,
+// after the heartbeat when there is nothing; within a cycle a step at each change the thread
+// would notice (a completion, or the next tick of its poll / sleep); after starting transfers,
+// tests for LoopPolicy::kFinishStarted. Nothing of the cycle itself is modelled here.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+
+#include "../engine.h"
+#include "../options.h"
+#include "../sim_communicator.h"
+#include "../stats.h"
+#include "../timeline.h"
+
+namespace mlsl {
+
+class SimBackgroundThread {
+ public:
+  // Its own Engine over a SimCommunicator of `net` (and one for the control message, as the
+  // Runtime has), with `options`, the scheduler on net's clock and no stall reports (a stall is
+  // a rank that never submits: the simulated ranks are identical). `net`, `timeline` and `stats`
+  // must outlive it. `cycle_bound_s`: least time between the starts of two cycles (0: none;
+  // Horovod's cycle time when the simulator plays Horovod).
+  SimBackgroundThread(SimNetwork* net, const RuntimeOptions& options, double cycle_bound_s, Timeline* timeline,
+                      Stats* stats);
+  const Engine& engine() const { return *engine_; }
+  // The framework's side (Runtime::Submit): wakes the thread if it waits between cycles.
+  void Submit(std::unique_ptr<Request> request) { incoming_.push_back(std::move(request)); }
+  // When the thread acts next on virtual time (>= now; infinity: it waits for a submission).
+  double NextAction() const;
+  // Acts at net->now() (== NextAction()): a cycle begins, a step, or a test of new transfers.
+  void Act();
+  // Nothing submitted, queued, in flight or under way.
+  bool Quiet() const;
+  const std::string& error() const { return error_; }
+
+ private:
+  enum class State { kBetween, kStepping, kFinishing };
+  void Step();
+  void AfterStep(const StepResult& r);
+  // Whether an operation completed since the thread last stepped or tested.
+  bool Changed() const { return net_->completed() != seen_; }
+
+  SimNetwork* const net_;
+  std::unique_ptr<Engine> engine_;
+  const RuntimeOptions options_;
+  const double cycle_bound_s_;
+  std::deque<std::unique_ptr<Request>> incoming_;
+  State state_ = State::kBetween;
+  double wake_at_ = 0;          // kBetween: the end of the wait for a submission
+  double next_cycle_ = 0;       // cycle_bound_s after the last cycle began
+  double cycle_start_ = 0;      // kStepping: when the cycle began, its steps so far, the pause
+  int spins_ = 0;
+  double pause_s_ = 0;
+  double last_step_ = 0;
+  uint64_t seen_ = 0;           // the network's completions when it last stepped or tested
+  double finish_until_ = 0;     // kFinishing: the end of the tests after starting transfers
+  StepResult finishing_;        // ... and the step that started them
+  int idle_cycles_ = 0;         // cycles in a row that moved nothing
+  std::string error_;
+};
+
+}  // namespace mlsl
