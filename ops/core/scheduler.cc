@@ -376,9 +376,10 @@ void Scheduler::Progress() {
     }
     pacer_.Completed(u->bytes);
     Complete(u->seq);
-    inflight_.erase(inflight_.begin() + i);
+    const int chunk = u->chunk;
+    inflight_.erase(inflight_.begin() + i);  // u is gone
     if (w->algo) {
-      if (s.ok()) w->algo->PieceDone(u->chunk);
+      w->algo->PieceDone(chunk);
       if (--w->outstanding == 0 && w->algo->started_all()) FinishPieces(w);
       continue;
     }
