@@ -178,3 +178,32 @@ TEST(piece_failure_runtimes_fail_every_rank_within_the_deadline) {
     CHECK_CONTAINS(after.status.message(), "allreduce 'weights' failed");
   });
 }
+
+TEST(piece_failure_in_a_group_closes_every_rank_the_non_member_too) {
+  // Group {0, 1} of 3 ranks: its communicator is a world split off, where rank 0 is rank 0 too,
+  // and rank 0's first receive is the first step of the group allreduce's ring (the control and
+  // negotiation exchanges are collectives, not receives), so rank 1 waits for its second step.
+  mlsl_test::RunRanksOn(RuntimeOptions(), FaultyWorld(3, 0, 1), [](int rank, Runtime& rt) {
+    auto add = mlsl_test::Submit(rt, rt.GroupChange(OpType::kAddGroup, {0, 1}));
+    mlsl_test::Result added = mlsl_test::Get(add);
+    CHECK(added.status.ok());
+    const int group = added.As<int32_t>()[0];
+    std::vector<float> x(3000, 1.0f);
+    const std::string what = "rank 0 (group " + std::to_string(group) + "): allreduce 'pair (group " +
+                             std::to_string(group) + ")' failed: injected failure of receive 1";
+    if (rank < 2) {
+      mlsl::Request r = FloatAllreduce("pair", x);
+      r.group = group;
+      auto f = mlsl_test::Submit(rt, std::move(r));
+      mlsl_test::Result res = mlsl_test::Get(f);
+      CHECK(!res.status.ok());
+      CHECK_CONTAINS(res.status.message(), what);
+    }
+    // The world's next collective fails on every rank, rank 2 (not in the group) too.
+    auto g = mlsl_test::Submit(rt, FloatAllreduce("world", x));
+    mlsl_test::Result after = mlsl_test::Get(g);
+    CHECK(!after.status.ok());
+    CHECK_CONTAINS(after.status.message(), what);
+    CHECK(after.status.code() == (rank == 0 ? StatusCode::kAborted : StatusCode::kUnavailable));
+  });
+}
