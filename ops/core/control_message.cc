@@ -13,6 +13,7 @@ constexpr uint64_t kNobodyBusy = 2;
 constexpr uint64_t kNobodyStalled = 4;
 constexpr uint64_t kNobodyPastLimit = 8;
 constexpr uint64_t kNobodyWaits = 16;
+constexpr uint64_t kNobodyFailed = 64;
 
 int64_t Words(int64_t bits) { return (bits + 63) / 64; }
 
@@ -30,6 +31,7 @@ void ControlMessage::Encode(std::vector<uint64_t>* out) const {
   if (stalled) w[1] &= ~kNobodyStalled;
   if (past_limit) w[1] &= ~kNobodyPastLimit;
   if (waits) w[1] &= ~kNobodyWaits;
+  if (failed) w[1] &= ~kNobodyFailed;
   for (int64_t r = 0; r < ranks; ++r) {
     if (joined[r]) w[2 + r / 64] &= ~(uint64_t(1) << (r % 64));
     if (r < int64_t(shut_down.size()) && shut_down[r]) w[2 + rank_words + r / 64] &= ~(uint64_t(1) << (r % 64));
@@ -54,6 +56,7 @@ void ControlMessage::Decode(const uint64_t* w, int64_t count, int ranks) {
   stalled = !(w[1] & kNobodyStalled);
   past_limit = !(w[1] & kNobodyPastLimit);
   waits = !(w[1] & kNobodyWaits);
+  failed = !(w[1] & kNobodyFailed);
   joined.assign(size_t(ranks), false);
   shut_down.assign(size_t(ranks), false);
   for (int r = 0; r < ranks; ++r) {

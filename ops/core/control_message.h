@@ -23,6 +23,7 @@ struct ControlMessage {
   bool stalled = false;     // a request due for a stall warning
   bool past_limit = false;  // a request waiting past the stall shutdown time
   bool waits = false;       // a request or a join pending
+  bool failed = false;      // a transfer failed on this rank alone (Scheduler::failure)
   std::vector<bool> joined;     // per world rank (a rank sets its own): it has joined
   std::vector<bool> shut_down;  // per world rank: it is shutting down
   // Bit per collective id, 64 a word: this rank is ready for it. Decoded: every rank is.

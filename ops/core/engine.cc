@@ -90,6 +90,9 @@ void Engine::Advance(StepResult* result) {
     if (!s.ok()) {
       if (phase_ == Phase::kControl) {
         Close("mlsl_tf: the background cycle failed: " + s.message(), StatusCode::kUnavailable);
+      } else if (phase_ == Phase::kFailures) {
+        Close("mlsl_tf: a transfer failed on some rank" + (failure_.empty() ? "" : " (" + failure_ + ")") +
+              ", and gathering the failures failed too: " + s.message());
       } else {
         Close(std::string("mlsl_tf: ") + (phase_ == Phase::kStalls ? "the stall report" : "negotiation") +
               " failed: " + s.message());
@@ -101,6 +104,10 @@ void Engine::Advance(StepResult* result) {
       case Phase::kControl:
         control_op_.reset();
         OnControl(result);
+        break;
+      case Phase::kFailures:
+        phase_ = Phase::kIdle;
+        CloseOnFailures();
         break;
       case Phase::kStalls:
         phase_ = Phase::kIdle;

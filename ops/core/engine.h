@@ -9,6 +9,9 @@
 //      cached id is ready, anything else is announced;
 //   2. allreduce the ControlMessage (control_message.h): flags, joined and shut-down ranks,
 //      ready ids, units done per group, the eager region;
+//   2b. if a transfer failed on some rank (a unit's error is that rank's alone, its peers would
+//      wait for it forever), allgather every rank's failure line (a sub-step) and close every
+//      engine with them: the failing ranks with kAborted, the others with kUnavailable;
 //   3. if some rank is due a stall warning, allgather every rank's waiting list (a sub-step);
 //   4. if some rank announced, allgather the announcements (a sub-step) and let the
 //      (replicated) Coordinator decide: agreed names are ready everywhere at once, errors fail
@@ -112,7 +115,7 @@ class Engine {
   };
 
   // Where the cycle stands: between cycles, or waiting for the exchange of one of its steps.
-  enum class Phase { kIdle, kControl, kStalls, kNegotiate };
+  enum class Phase { kIdle, kControl, kFailures, kStalls, kNegotiate };
 
   // engine.cc: intake and the cycle's phases.
   void Intake(std::unique_ptr<Request> r);
@@ -127,6 +130,11 @@ class Engine {
   void Queue(int32_t id);                // an agreed id to its group's scheduler (or a group change)
   void StartUnits(StepResult* result);
   void ForgetOrDrain();
+  // engine_failure.cc: notes this rank's first failed transfer (failure_); every rank's
+  // failure lines gathered (started); the engine closed with them.
+  void NoteFailure();
+  void StartFailureReport();
+  void CloseOnFailures();
   // Gives a member's group its scheduler.
   void Equip(Group* g);
   bool Foreign(int32_t id) const { return id / 64 < int32_t(foreign_.size()) && (foreign_[id / 64] >> (id % 64)) & 1; }
@@ -179,6 +187,7 @@ class Engine {
   bool drain_ = false;       // this cycle takes no new requests (to forget names when all is quiet)
   uint64_t next_drain_ = 0, drain_until_ = 0;
   bool stopping_ = false;
+  std::string failure_;      // this rank's first failed transfer, "" while none
   bool closed_ = false;
   std::string closed_reason_;
   StatusCode closed_code_ = StatusCode::kAborted;

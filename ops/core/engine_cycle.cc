@@ -25,6 +25,8 @@ void Engine::BeginCycle() {
   m.announces = false;
   m.busy = !AllIdle();
   m.waits = !pending_.empty() || join_;
+  NoteFailure();
+  m.failed = !failure_.empty();
   m.stalled = m.past_limit = false;
   StallFlags(&m.stalled, &m.past_limit);
   m.joined.assign(size_, false);
@@ -60,6 +62,11 @@ void Engine::OnControl(StepResult* result) {
     // Ids (ready bits, eager entries) would name different collectives on different ranks.
     Close("mlsl_tf: the ranks no longer agree on the ids of collective names (their caches of agreed names "
           "differ; is MLSL_TF_CACHE_CAPACITY the same on every rank?), so no collective can be paired safely");
+    return;
+  }
+  if (m.failed) {  // before the shutdowns: every rank learns what failed
+    StartFailureReport();
+    phase_ = Phase::kFailures;
     return;
   }
   std::vector<int> gone;

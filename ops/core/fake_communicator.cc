@@ -4,6 +4,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "p2p_algorithms.h"
 #include "reduce.h"
 
 namespace mlsl {
@@ -149,6 +150,7 @@ std::unique_ptr<PendingOp> FakeCommunicator::Start(FakeWorld::Part part) {
 
 std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
                                                        const void* send, double scale) {
+  if (world_->p2p_collectives) return MakeRingAllreduce(this, NextTag(), buf, count, dtype, op, send, scale, nullptr);
   if (send && send != buf && count) std::memcpy(buf, send, count * DataTypeSize(dtype));
   FakeWorld::Part p;
   p.kind = kAllreduce; p.buf = buf; p.count = count; p.dtype = dtype; p.op = op;
@@ -176,6 +178,7 @@ std::unique_ptr<PendingOp> FakeCommunicator::Broadcast(void* buf, int64_t bytes,
 
 std::unique_ptr<PendingOp> FakeCommunicator::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
                                                        void* recv, const std::vector<int64_t>& recv_bytes) {
+  if (world_->p2p_collectives) return MakePointToPointAlltoallv(this, NextTag(), send, send_bytes, recv, recv_bytes);
   FakeWorld::Part p;
   p.kind = kAlltoallv; p.send = send; p.buf = recv; p.sizes = send_bytes; p.recv_sizes = recv_bytes;
   return Start(std::move(p));
@@ -197,7 +200,11 @@ std::unique_ptr<PendingOp> FakeCommunicator::Barrier() {
 std::shared_ptr<FakeWorld> FakeWorld::SplitWorld(uint64_t seq, int members) {
   std::lock_guard<std::mutex> lock(mu_);
   auto& [world, taken] = splits_[seq];
-  if (!world) world = std::make_shared<FakeWorld>(members);
+  if (!world) {
+    world = std::make_shared<FakeWorld>(members);
+    world->p2p_collectives = p2p_collectives;
+    world->faults = faults;
+  }
   std::shared_ptr<FakeWorld> out = world;
   if (++taken == size_) splits_.erase(seq);
   return out;

@@ -3,6 +3,7 @@
 // every other rank in one slot, and the last rank to arrive computes everybody's result.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -23,6 +24,21 @@ class FakeWorld {
   int size() const { return size_; }
   // Messages larger than this fail (as MPI's int counts would): tests of cutting them.
   int64_t max_message_bytes = INT64_MAX;
+  // Allreduce and Alltoallv as MpiCommunicator runs them between ranks: the ring and the
+  // all-to-all of point-to-point messages (p2p_algorithms.h). Split worlds inherit it.
+  bool p2p_collectives = false;
+  // Fault injection for tests of failures on one rank: rank `rank`'s `nth_recv`-th receive
+  // (counted from 1 over this world and every world split from it) is posted as usual but its
+  // Test fails. With `keep_dropped`, a receive whose op is destroyed before it completed stays
+  // posted (what MPI_Request_free does to a pending receive) instead of being cancelled, so a
+  // later send still writes into its buffer. Set before the communicators are made.
+  struct Faults {
+    int rank = -1;
+    int nth_recv = 0;
+    bool keep_dropped = false;
+    std::atomic<int> recvs{0};
+  };
+  std::shared_ptr<Faults> faults;
 
   // What one rank brings to a collective.
   struct Part {

@@ -42,6 +42,21 @@ class FakeMessage : public PendingOp {
   bool finished_ = false;
 };
 
+// A receive posted as usual whose Test fails (FakeWorld::Faults); destroying it destroys the
+// posted receive, which cancels it unless the faults keep dropped receives.
+class InjectedFailure : public PendingOp {
+ public:
+  InjectedFailure(std::unique_ptr<PendingOp> posted, std::string why) : posted_(std::move(posted)), why_(std::move(why)) {}
+  Status Test(bool* done) override {
+    *done = true;
+    return Status::Internal(why_);
+  }
+
+ private:
+  std::unique_ptr<PendingOp> posted_;
+  std::string why_;
+};
+
 }  // namespace
 
 void FakeWorld::Post(bool is_send, int from, int to, int tag, std::shared_ptr<Message> m) {
@@ -76,6 +91,7 @@ bool FakeWorld::MessageDone(const Message& m, std::string* error) {
 }
 
 void FakeWorld::Drop(int from, int to, int tag, const std::shared_ptr<Message>& m) {
+  if (m->buf && faults && faults->keep_dropped) return;  // as MPI_Request_free: still posted
   std::lock_guard<std::mutex> lock(p2p_mu_);
   auto it = p2p_.find(std::make_tuple(from, to, tag));
   if (it == p2p_.end()) return;
@@ -120,7 +136,14 @@ std::unique_ptr<PendingOp> FakeCommunicator::Recv(void* buf, int64_t bytes, int 
   m->buf = buf;
   m->bytes = bytes;
   world_->Post(false, peer, rank_, tag, m);
-  return std::make_unique<FakeMessage>(world_, peer, rank_, tag, std::move(m));
+  auto op = std::make_unique<FakeMessage>(world_, peer, rank_, tag, std::move(m));
+  const auto& faults = world_->faults;
+  if (faults && faults->rank == rank_ && ++faults->recvs == faults->nth_recv) {
+    return std::make_unique<InjectedFailure>(std::move(op), "injected failure of receive " +
+                                                                std::to_string(faults->nth_recv) + " from rank " +
+                                                                std::to_string(peer) + " on rank " + std::to_string(rank_));
+  }
+  return op;
 }
 
 }  // namespace mlsl

@@ -71,7 +71,11 @@ bool SameKind(const RequestMeta& a, const RequestMeta& b) {
 Scheduler::Scheduler(Communicator* comm, Timeline* timeline, Stats* stats, SchedulerOptions options)
     : comm_(comm), timeline_(timeline), stats_(stats), options_(options) {}
 
-Scheduler::~Scheduler() = default;
+// The transfers go first: they may use the works' buffers and the slots' communicators.
+Scheduler::~Scheduler() {
+  broken_.clear();
+  inflight_.clear();
+}
 
 void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted) {
   auto w = std::make_unique<Work>();
@@ -302,6 +306,7 @@ void Scheduler::StartPiece(size_t at) {
 
 void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
   if (common_done == UINT64_MAX) common_done = completed_prefix_;
+  if (!failure_.ok()) return;  // out of step with the peers: the owner closes
   while (started_ < limit && !queue_.empty()) {
     const size_t at = Startable(joined, common_done);  // the one walk: `at` stays head's place
     if (at == queue_.size()) break;
@@ -352,8 +357,8 @@ void Scheduler::Progress() {
     bool done = false;
     Status s = u->op ? u->op->Test(&done) : (u->error.ok() ? slot_error_ : u->error);
     if (!s.ok()) {
-      u->work->status = s;
-      done = true;
+      Broke(i, s);
+      continue;
     }
     if (!done) {
       ++i;
@@ -368,14 +373,25 @@ void Scheduler::Progress() {
     }
     pacer_.Completed(u->bytes);
     Complete(u->seq);
-    inflight_.erase(inflight_.begin() + i);
+    const int chunk = u->chunk;
+    inflight_.erase(inflight_.begin() + i);  // u is gone
     if (w->algo) {
-      if (s.ok()) w->algo->PieceDone(u->chunk);
+      w->algo->PieceDone(chunk);
       if (--w->outstanding == 0 && w->algo->started_all()) FinishPieces(w);
       continue;
     }
     if (--w->outstanding == 0 && w->next == w->total) Finalize(w);
   }
+}
+
+void Scheduler::Broke(size_t i, const Status& s) {
+  const Work& w = *inflight_[i]->work;
+  if (failure_.ok()) {
+    failure_ = Status::WithCode(s.code(), std::string(OpTypeName(w.meta.op)) + " '" + ShownName(w.label()) +
+                                              "' failed: " + s.message());
+  }
+  broken_.push_back(std::move(inflight_[i]));
+  inflight_.erase(inflight_.begin() + i);
 }
 
 double Scheduler::PostFactor(const Work& w) const {

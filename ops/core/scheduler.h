@@ -12,6 +12,13 @@
 // and the choice of the next unit is re-made from the queue each time -- so a newly agreed
 // urgent tensor overtakes the remaining chunks or pieces of a big one, and all ranks start the
 // same units in the same order. Every part finishes exactly once.
+//
+// A unit that fails here (its transfer's Test, or its start, returns an error) is this rank's
+// alone: the peers go on waiting for its messages. The scheduler then keeps the unit -- its
+// transfers and the work whose buffers they use -- and starts nothing more; the work does not
+// finish. failure() says what failed, and the owner (the Engine) closes every rank, which fails
+// the work through FailAll; nothing a transfer may still write is released before the
+// scheduler is destroyed.
 #pragma once
 
 #include <chrono>
@@ -70,6 +77,9 @@ class Scheduler {
   void StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done = UINT64_MAX);
   // Fails everything queued or in flight (used when the runtime closes).
   void FailAll(const Status& status);
+  // The first unit failure here ("<op> '<name>' failed: <reason>", with the transfer's code);
+  // ok while none.
+  const Status& failure() const { return failure_; }
 
   uint64_t started() const { return started_; }
   uint64_t completed_prefix() const { return completed_prefix_; }
@@ -103,6 +113,8 @@ class Scheduler {
   void Retire(Work* w);
   void Complete(uint64_t seq);
   void Finalize(Work* w);
+  // inflight_[i] failed with s: kept in broken_, noted in failure_.
+  void Broke(size_t i, const Status& s);
   // What the result of w is multiplied by: postscale, and 1/size for an average.
   double PostFactor(const Work& w) const;
   // The communicator of in-flight slot i, made on first use: chunks in different slots never
@@ -123,6 +135,8 @@ class Scheduler {
   uint64_t started_ = 0, completed_prefix_ = 0, agreed_ = 0;
   std::set<uint64_t> completed_out_of_order_;
   std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
+  std::vector<std::unique_ptr<Unit>> broken_;   // failed units: their transfers may still run
+  Status failure_;
   Work* last_started_ = nullptr;
   std::vector<std::unique_ptr<Communicator>> slots_;
   // Packed buffers (fused tensors, prescaled inputs), handed back when their work finishes.

@@ -91,12 +91,11 @@ struct Env {
   ~Env() { for (auto& n : names) unsetenv(n.c_str()); }
 };
 
-// Runs body(rank, runtime) on n threads, each with its own Runtime (made with `options`) on
-// one fake world.
-inline void RunRanks(const mlsl::RuntimeOptions& options, int n, const std::function<void(int, mlsl::Runtime&)>& body,
-                     int64_t max_message_bytes = INT64_MAX) {
-  auto world = std::make_shared<mlsl::FakeWorld>(n);
-  world->max_message_bytes = max_message_bytes;
+// Runs body(rank, runtime) on one thread per rank of `world`, each with its own Runtime (made
+// with `options`).
+inline void RunRanksOn(const mlsl::RuntimeOptions& options, const std::shared_ptr<mlsl::FakeWorld>& world,
+                       const std::function<void(int, mlsl::Runtime&)>& body) {
+  const int n = world->size();
   std::vector<std::unique_ptr<mlsl::Runtime>> rts;
   for (int r = 0; r < n; ++r) {
     rts.push_back(std::make_unique<mlsl::Runtime>(std::make_unique<mlsl::FakeCommunicator>(world, r), options));
@@ -107,6 +106,15 @@ inline void RunRanks(const mlsl::RuntimeOptions& options, int n, const std::func
   std::vector<std::thread> stoppers;  // shut down together, as processes exiting would
   for (int r = 0; r < n; ++r) stoppers.emplace_back([&, r] { rts[r]->Shutdown(); });
   for (auto& t : stoppers) t.join();
+}
+
+// Runs body(rank, runtime) on n threads, each with its own Runtime (made with `options`) on
+// one fake world.
+inline void RunRanks(const mlsl::RuntimeOptions& options, int n, const std::function<void(int, mlsl::Runtime&)>& body,
+                     int64_t max_message_bytes = INT64_MAX) {
+  auto world = std::make_shared<mlsl::FakeWorld>(n);
+  world->max_message_bytes = max_message_bytes;
+  RunRanksOn(options, world, body);
 }
 
 // The same with the default options.
