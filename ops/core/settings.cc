@@ -6,93 +6,102 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 
 namespace mlsl {
 
+namespace {
+
+using T = SettingType;
+
+// The table itself: constant data (every field a literal), so it exists before any code runs.
+constexpr SettingInfo kTable[] = {
+  {"MLSL_TF_HEARTBEAT_MS", "10",
+   "longest an idle background thread sleeps between cycles (bounds how fast a peer's shutdown is seen)",
+   T::kInt, 1, 60000},
+  {"MLSL_TF_SPIN_US", "200",
+   "after finishing work the background thread polls this long for the next request before sleeping",
+   T::kInt, 0, 1000000},
+  {"MLSL_TF_STALL_WARNING_SECONDS", "60",
+   "warn when a collective submitted on this rank has waited this long for other ranks, naming them, and "
+   "again every this many seconds (0 = never)",
+   T::kInt, 0, 31536000},
+  {"MLSL_TF_STALL_SHUTDOWN_SECONDS", "0",
+   "when a collective has waited this long for other ranks, fail every pending collective on every rank "
+   "with what each rank waits for (0 = never)",
+   T::kInt, 0, 31536000},
+  {"MLSL_TF_CHUNK_BYTES", "1048576",
+   "allreduces larger than this are cut into chunks of this size; the scheduler re-picks between chunks",
+   T::kBytes, 256, int64_t(1) << 31, "", true},
+  {"MLSL_TF_RING_BYTES", "262144",
+   "allreduces of at least this many bytes among ranks of one machine run as a point-to-point ring that "
+   "reduces into the output and reuses its own buffers, instead of MPI's allreduce (0 = always MPI's)",
+   T::kBytes, 0, int64_t(1) << 31, "", true},
+  {"MLSL_TF_EAGER_BYTES", "8192",
+   "allreduces of at most this many bytes whose name every rank already knows ride in the control "
+   "message and finish in its one round trip (0 = never); also the most such data one message carries",
+   T::kBytes, 0, int64_t(1) << 20, "", true},
+  {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64, "", true},
+  {"MLSL_TF_FUSION_THRESHOLD", "1048576",
+   "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",
+   T::kBytes, 0, int64_t(1) << 31, "", true},
+  {"MLSL_TF_CACHE_CAPACITY", "4096",
+   "collective names whose agreement is remembered (a remembered name needs no negotiation); when there are "
+   "more and every rank is idle, the least recently used are forgotten",
+   T::kInt, 16, 1 << 24, "", true},
+  {"MLSL_TF_PRIORITY", "priority",
+   "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served",
+   T::kChoice, 0, 0, "priority|fifo", true},
+  {"MLSL_TF_WIRE_DTYPE", "float32",
+   "wire type of float32 allreduces/reducescatters without an explicit compression",
+   T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none", true},
+  // init() hands the library this local rank's core (mlsl_tf_pin_background_thread); the
+  // allowed words are mlsl_tf/cores.py's ALLOWED (tests/unit/test_comm_core.py compares them).
+  {"MLSL_TF_COMM_CORE", "",
+   "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kPython,
+   0, 0, "empty, or a core number or a comma-separated list of them (e.g. 3 or 2,3)"},
+  {"MLSL_TF_BIND", "auto",
+   "'auto': init() binds each rank's threads to its own block of the machine's physical cores when the launcher "
+   "did not bind it and every local rank can have a whole core (see mlsl_tf/affinity.py); 'none': leave them",
+   T::kChoice, 0, 0, "auto|none"},
+  {"MLSL_TF_COMM_NICE", "0",
+   "nice value of the background thread (negative: it preempts compute threads when the network wakes it; "
+   "needs the permission to lower nice, else ignored)",
+   T::kInt, -20, 19},
+  {"MLSL_TF_TIMELINE", "",
+   "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank), readable while the "
+   "job runs; 'DYNAMIC' or empty: none until mlsl_tf.start_timeline (also read as HOROVOD_TIMELINE)",
+   T::kText, 0, INT64_MAX, "", false, "HOROVOD_TIMELINE"},
+  {"MLSL_TF_TIMELINE_MARK_CYCLES", "0",
+   "1: the timeline marks the start of every background cycle (CYCLE_START; also read as "
+   "HOROVOD_TIMELINE_MARK_CYCLES)",
+   T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", false, "HOROVOD_TIMELINE_MARK_CYCLES"},
+  {"MLSL_TF_DYNAMIC_PROCESS_SETS", "1",
+   "1: process sets (groups) may be added and removed after init(); 0: only init(process_sets=...) makes "
+   "them, as Horovod without HOROVOD_DYNAMIC_PROCESS_SETS (also read as HOROVOD_DYNAMIC_PROCESS_SETS)",
+   T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", true, "HOROVOD_DYNAMIC_PROCESS_SETS"},
+  {"MLSL_TF_INTER_OP_THREADS", "auto",
+   "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "
+   "default (one per core of the machine, too many with several ranks per machine)",
+   T::kThreads, 1, 1024, "auto|tf"},
+  {"MLSL_TF_THREAD_SPINNING", "0",
+   "1: TensorFlow's thread pools spin while they wait for work (TensorFlow's default); 0: they sleep, "
+   "leaving the cores to the background thread and the other ranks of the machine",
+   T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no"},
+  {"MLSL_TF_CROSS_ITERATION", "1",
+   "1: DistributedOptimizer / DistributedGradientTape apply each variable's update just before its next "
+   "access (the next forward pass), so reductions overlap the next step; 0: apply inside the step",
+   T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no"},
+  {"MLSL_TF_LOG_LEVEL", "warning", "core log level", T::kChoice, 0, 0, "debug|info|warning|error"},
+  {"MLSL_TF_START_TIMEOUT", "",
+   "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)",
+   T::kInt, 0, 31536000},
+};
+
+}  // namespace
+
 const std::vector<SettingInfo>& AllSettings() {
-  using T = SettingType;
-  static const std::vector<SettingInfo> table = {
-      {"MLSL_TF_HEARTBEAT_MS", "10",
-       "longest an idle background thread sleeps between cycles (bounds how fast a peer's shutdown is seen)",
-       T::kInt, 1, 60000},
-      {"MLSL_TF_SPIN_US", "200",
-       "after finishing work the background thread polls this long for the next request before sleeping",
-       T::kInt, 0, 1000000},
-      {"MLSL_TF_STALL_WARNING_SECONDS", "60",
-       "warn when a collective submitted on this rank has waited this long for other ranks, naming them, and "
-       "again every this many seconds (0 = never)",
-       T::kInt, 0, 31536000},
-      {"MLSL_TF_STALL_SHUTDOWN_SECONDS", "0",
-       "when a collective has waited this long for other ranks, fail every pending collective on every rank "
-       "with what each rank waits for (0 = never)",
-       T::kInt, 0, 31536000},
-      {"MLSL_TF_CHUNK_BYTES", "1048576",
-       "allreduces larger than this are cut into chunks of this size; the scheduler re-picks between chunks",
-       T::kBytes, 256, int64_t(1) << 31, "", true},
-      {"MLSL_TF_RING_BYTES", "262144",
-       "allreduces of at least this many bytes among ranks of one machine run as a point-to-point ring that "
-       "reduces into the output and reuses its own buffers, instead of MPI's allreduce (0 = always MPI's)",
-       T::kBytes, 0, int64_t(1) << 31, "", true},
-      {"MLSL_TF_EAGER_BYTES", "8192",
-       "allreduces of at most this many bytes whose name every rank already knows ride in the control "
-       "message and finish in its one round trip (0 = never); also the most such data one message carries",
-       T::kBytes, 0, int64_t(1) << 20, "", true},
-      {"MLSL_TF_INFLIGHT", "4", "chunks (or whole collectives) in flight at once", T::kInt, 1, 64, "", true},
-      {"MLSL_TF_FUSION_THRESHOLD", "1048576",
-       "small allreduces of the same kind are fused into one buffer of up to this size (0 = no fusion)",
-       T::kBytes, 0, int64_t(1) << 31, "", true},
-      {"MLSL_TF_CACHE_CAPACITY", "4096",
-       "collective names whose agreement is remembered (a remembered name needs no negotiation); when there are "
-       "more and every rank is idle, the least recently used are forgotten",
-       T::kInt, 16, 1 << 24, "", true},
-      {"MLSL_TF_PRIORITY", "priority",
-       "'priority': most urgent (lowest priority number) first; 'fifo': first agreed, first served",
-       T::kChoice, 0, 0, "priority|fifo", true},
-      {"MLSL_TF_WIRE_DTYPE", "float32",
-       "wire type of float32 allreduces/reducescatters without an explicit compression",
-       T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none", true},
-      // init() hands the library this local rank's core (mlsl_tf_pin_background_thread); the
-      // allowed words are mlsl_tf/cores.py's ALLOWED (tests/unit/test_comm_core.py compares them).
-      {"MLSL_TF_COMM_CORE", "",
-       "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kPython,
-       0, 0, "empty, or a core number or a comma-separated list of them (e.g. 3 or 2,3)"},
-      {"MLSL_TF_BIND", "auto",
-       "'auto': init() binds each rank's threads to its own block of the machine's physical cores when the launcher "
-       "did not bind it and every local rank can have a whole core (see mlsl_tf/affinity.py); 'none': leave them",
-       T::kChoice, 0, 0, "auto|none"},
-      {"MLSL_TF_COMM_NICE", "0",
-       "nice value of the background thread (negative: it preempts compute threads when the network wakes it; "
-       "needs the permission to lower nice, else ignored)",
-       T::kInt, -20, 19},
-      {"MLSL_TF_TIMELINE", "",
-       "write a Chrome-trace timeline to this path (rank 0; '{rank}' in the path: every rank), readable while the "
-       "job runs; 'DYNAMIC' or empty: none until mlsl_tf.start_timeline (also read as HOROVOD_TIMELINE)",
-       T::kText, 0, INT64_MAX, "", false, "HOROVOD_TIMELINE"},
-      {"MLSL_TF_TIMELINE_MARK_CYCLES", "0",
-       "1: the timeline marks the start of every background cycle (CYCLE_START; also read as "
-       "HOROVOD_TIMELINE_MARK_CYCLES)",
-       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", false, "HOROVOD_TIMELINE_MARK_CYCLES"},
-      {"MLSL_TF_DYNAMIC_PROCESS_SETS", "1",
-       "1: process sets (groups) may be added and removed after init(); 0: only init(process_sets=...) makes "
-       "them, as Horovod without HOROVOD_DYNAMIC_PROCESS_SETS (also read as HOROVOD_DYNAMIC_PROCESS_SETS)",
-       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", true, "HOROVOD_DYNAMIC_PROCESS_SETS"},
-      {"MLSL_TF_INTER_OP_THREADS", "auto",
-       "TensorFlow inter-op threads per rank that init() sets: 'auto' (2), a number, or 'tf' for TensorFlow's "
-       "default (one per core of the machine, too many with several ranks per machine)",
-       T::kThreads, 1, 1024, "auto|tf"},
-      {"MLSL_TF_THREAD_SPINNING", "0",
-       "1: TensorFlow's thread pools spin while they wait for work (TensorFlow's default); 0: they sleep, "
-       "leaving the cores to the background thread and the other ranks of the machine",
-       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no"},
-      {"MLSL_TF_CROSS_ITERATION", "1",
-       "1: DistributedOptimizer / DistributedGradientTape apply each variable's update just before its next "
-       "access (the next forward pass), so reductions overlap the next step; 0: apply inside the step",
-       T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no"},
-      {"MLSL_TF_LOG_LEVEL", "warning", "core log level", T::kChoice, 0, 0, "debug|info|warning|error"},
-      {"MLSL_TF_START_TIMEOUT", "",
-       "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)",
-       T::kInt, 0, 31536000},
-  };
+  static const std::vector<SettingInfo> table(std::begin(kTable), std::end(kTable));
   return table;
 }
 
