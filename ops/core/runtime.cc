@@ -175,7 +175,9 @@ StepResult Runtime::RunCycle(Engine* engine) {
     if (r.closed || r.cycle_done) return r;
     // An exchange travels: test again at once, after a yield (one spin in kSpins: a yield per
     // test would spend most of the time in the scheduler), or after the policy's pause.
-    const auto pause = LoopPolicy::WithinCycle(*engine, spins, Clock::now() - start);
+    // The clock is read only once the spins are spent: before that the policy does not look at it.
+    const auto waited = spins < LoopPolicy::kSpins ? Clock::duration::zero() : Clock::now() - start;
+    const auto pause = LoopPolicy::WithinCycle(*engine, spins, waited);
     if (pause.count() > 0) {
       std::this_thread::sleep_for(pause);
     } else if (spins >= LoopPolicy::kSpins && spins % LoopPolicy::kSpins == 0) {
