@@ -8,7 +8,7 @@ import re
 import sys
 import time
 
-from mlsl_tf import _library, cores
+from mlsl_tf import _library, cores, elastic_link
 from mlsl_tf._library import NotInitializedError  # noqa: F401 - part of this module's API
 
 _log = logging.getLogger("mlsl_tf")
@@ -91,6 +91,11 @@ def init(comm=None):
     # Both before TensorFlow starts its pools: it sizes them from the cores a thread may use.
     affinity.bind(local_rank(), local_size(), config[affinity.SETTING][2], comm_cores)
     threads.configure()
+    try:
+        elastic_link.connect(rank())
+    except OSError as e:
+        raise RuntimeError(f"mlsl_tf.init() failed: cannot reach elastic mlslrun at "
+                           f"{os.environ.get(elastic_link.DRIVER_ENV)}: {e}") from None
     if not _atexit_registered:
         atexit.register(shutdown)
         _atexit_registered.append(True)

@@ -1,32 +1,41 @@
-"""Horovod's elastic-training state objects on mlsl_tf's fixed set of ranks: commit, restore and
-sync of variables, Keras models and Python attributes, and `run`.
+"""Horovod's elastic training: state objects that commit, roll back and sync, and `run`.
 
-mlsl_tf runs on the ranks mpiexec started; it never adds or removes workers. Horovod's elastic
-API is kept because its state objects are useful on their own (checkpoint in memory, roll back a
-failed step, bring every rank to rank 0's state), and scripts written for it should run
-unchanged on a fixed job:
+Under elastic mlslrun (`--min-np`, `--max-np`, `--host-discovery-script`) the job outlives its
+workers.  `commit()` keeps the state in memory (and tells the link which copy is the last commit);
+`restore()` returns to it; `sync()` gives every rank rank 0's state.  `run(func)` syncs, then
+calls `func(state, ...)`, and when the job must re-form -- a peer died (a collective failed because
+of it, raised as HorovodInternalError, or the driver reported the death), or hosts were added or
+removed (HostsUpdatedInterrupt at a commit) -- this worker writes the last commit to a file and
+leaves with elastic_link.RESET_EXIT_CODE.  The driver starts the next generation on the hosts
+there are; its rank 0 loads that file, the reset callbacks run, `sync()` hands the state to every
+rank and `func` is called again: the rollback, re-formation and retry of Horovod's elastic mode,
+with fresh processes (docs/design.md says why).
 
-- `commit()` saves the state in memory; `check_host_updates()` finds none (hosts never change).
-- `restore()` returns to the last commit; `sync()` gives every rank rank 0's state and commits it.
-- `run(func)` syncs the state, then calls `func(state, ...)`. A collective that fails because a
-  rank died cannot be retried with fewer ranks (the MPI job is fixed): the error propagates,
-  where elastic Horovod would restore, re-form the ring and call `func` again."""
+On a fixed job (no elastic mlslrun) nothing resets: a failed collective propagates as it is."""
 
 import copy
+import os
+import pickle
+import queue
+import sys
+import threading
 
 import tensorflow as tf
 
-from mlsl_tf import keras_flavour
-from mlsl_tf.basics import rank
+from mlsl_tf import elastic_link, keras_flavour
+from mlsl_tf.basics import caused_by_peer, rank
 from mlsl_tf.functions import broadcast_object, broadcast_variables
+
+# Horovod's HostUpdateResult flags (elastic_hosts.py has the driver's copy)
+NO_UPDATE, REMOVED, ADDED = 0, 1, 2
 
 
 class HorovodInternalError(RuntimeError):
-    """A collective failed inside the runtime (Horovod's name; never raised to reset here)."""
+    """A collective failed because a peer died: under elastic mlslrun `run` resets the job."""
 
 
 class HostsUpdatedInterrupt(RuntimeError):
-    """Horovod raises it when hosts join or leave; on a fixed job that never happens."""
+    """Hosts were added or removed (raised by commit() on every rank at the same commit)."""
 
     def __init__(self, skip_sync=False):
         super().__init__()
@@ -34,29 +43,52 @@ class HostsUpdatedInterrupt(RuntimeError):
 
 
 class State:
-    """What elastic training keeps: subclasses define save, restore and sync."""
+    """What elastic training keeps: subclasses define save, restore, sync and their payload."""
 
     def __init__(self):
         self._reset_callbacks = []
+        self._host_messages = queue.Queue()
+        self._last_updated_timestamp = 0
+        self._committed = None  # the payload of the last commit (what a reset writes to its file)
+        self._bcast_object = broadcast_object
 
     def register_reset_callbacks(self, callbacks):
-        """Functions to call after a reset; a fixed job never resets, so they are only kept."""
+        """Functions to call after a reset (workers added or removed), before the state syncs:
+        e.g. scaling the learning rate to the new size()."""
         self._reset_callbacks.extend(callbacks)
 
     def on_reset(self):
+        self._host_messages = queue.Queue()
+        self.reset()
         for callback in self._reset_callbacks:
             callback()
 
-    def on_hosts_updated(self, timestamp=None, update_res=None):
-        pass
+    def on_hosts_updated(self, timestamp, update_res):
+        """The driver announced a change of hosts (called on the link's thread)."""
+        self._host_messages.put((timestamp, update_res))
 
     def commit(self):
-        """Saves the state in memory (restore() returns to it) and checks for host updates."""
+        """Saves the state in memory (restore() returns to it; a reset carries it to the next
+        workers), then raises HostsUpdatedInterrupt on every rank alike when hosts changed."""
         self.save()
+        self._committed = self._payload()
         self.check_host_updates()
 
     def check_host_updates(self):
-        """Hosts never change in a fixed job: nothing to raise."""
+        """Raises HostsUpdatedInterrupt when the driver announced a change of hosts; rank 0's
+        view decides, so every rank raises at the same commit."""
+        if elastic_link.current() is None:
+            return  # a fixed job: hosts never change, and no collective is spent on asking
+        last = previous = self._last_updated_timestamp
+        update = NO_UPDATE
+        while not self._host_messages.empty():
+            timestamp, result = self._host_messages.get()
+            if timestamp > last:
+                last = timestamp
+                update |= result
+        previous, self._last_updated_timestamp, update = self._bcast_object((previous, last, update))
+        if self._last_updated_timestamp > previous:
+            raise HostsUpdatedInterrupt(update == REMOVED)
 
     def save(self):
         raise NotImplementedError
@@ -69,6 +101,14 @@ class State:
 
     def reset(self):
         pass
+
+    def _payload(self):
+        """The committed state as picklable values (what save() kept)."""
+        raise NotImplementedError
+
+    def _load(self, payload):
+        """Takes a payload of _payload() as the committed state and restores it."""
+        raise NotImplementedError
 
 
 class ObjectState(State):
@@ -91,10 +131,18 @@ class ObjectState(State):
         if self._saved:
             self._saved = self._bcast_object(self._saved)
             self._set_attrs()
+        self._committed = self._payload()
 
     def _set_attrs(self):
         for name, value in self._saved.items():
             setattr(self, name, copy.deepcopy(value))
+
+    def _payload(self):
+        return {"attrs": self._saved}
+
+    def _load(self, payload):
+        self._saved = dict(payload["attrs"])
+        ObjectState.restore(self)
 
 
 def _values(variables):
@@ -127,6 +175,19 @@ class TensorFlowState(ObjectState):
         broadcast_variables(self.variables, root_rank=0)
         self._saved_values = _values(self.variables)
         super().sync()
+
+    def _payload(self):
+        return {**super()._payload(), "variables": self._saved_values}
+
+    def _load(self, payload):
+        values = payload["variables"]
+        if len(values) != len(self.variables):
+            raise ValueError(f"TensorFlowState: the commit being resumed has {len(values)} variables, this "
+                             f"state {len(self.variables)}")
+        self._saved_values = list(values)
+        for v, value in zip(self.variables, self._saved_values):
+            v.assign(value)
+        super()._load(payload)
 
 
 class TensorFlowKerasState(ObjectState):
@@ -163,19 +224,112 @@ class TensorFlowKerasState(ObjectState):
         super().restore()
 
     def sync(self):
+        self._build_optimizer_like_rank0()
         model_vars, opt_vars = self._state_variables()
         broadcast_variables(model_vars + opt_vars, root_rank=0)
         self._save_model()
         super().sync()
 
+    def _build_optimizer_like_rank0(self):
+        """Every rank builds the optimizer's slots when rank 0 has them (a resumed commit
+        carries them), so the broadcast lists the same variables everywhere."""
+        if self.optimizer is None or elastic_link.current() is None:
+            return
+        flavour = keras_flavour.of(self.optimizer)
+        if self._bcast_object(flavour.optimizer_built(self.optimizer)) and not flavour.optimizer_built(self.optimizer):
+            flavour.build_optimizer(self.optimizer, self.model.trainable_variables)
+
+    def _payload(self):
+        return {**super()._payload(), "model": self._saved_model, "optimizer": self._saved_optimizer}
+
+    def _load(self, payload):
+        if payload["optimizer"] and self.optimizer is not None:
+            flavour = keras_flavour.of(self.optimizer)
+            if not flavour.optimizer_built(self.optimizer):
+                flavour.build_optimizer(self.optimizer, self.model.trainable_variables)
+        model_vars, opt_vars = self._state_variables()
+        for what, have, saved in (("model", model_vars, payload["model"]), ("optimizer", opt_vars, payload["optimizer"])):
+            if len(have) != len(saved):
+                raise ValueError(f"TensorFlowKerasState: the commit being resumed has {len(saved)} {what} "
+                                 f"variables, this state {len(have)}")
+        self._saved_model, self._saved_optimizer = list(payload["model"]), list(payload["optimizer"])
+        self.restore()
+        ObjectState._load(self, payload)
+
+
+def _resets_on(error):
+    """Whether `error` means a peer died (the collective failed because of another rank)."""
+    return isinstance(error, HorovodInternalError) or caused_by_peer(error)
+
+
+class _Reset:
+    """Leaving for a reset, once per process: write the last commit, tell the driver, exit."""
+
+    def __init__(self, state, link):
+        self.state, self.link = state, link
+        self._lock = threading.Lock()
+
+    def __call__(self, why):
+        with self._lock:  # the link's thread and the training thread may both come here
+            path = elastic_link.state_path(rank())
+            payload = self.state._committed
+            saved = None
+            if path is not None and payload is not None:
+                try:
+                    os.makedirs(os.path.dirname(path), exist_ok=True)
+                    with open(path + ".tmp", "wb") as f:
+                        pickle.dump({"generation": elastic_link.generation(), "payload": payload}, f,
+                                    protocol=pickle.HIGHEST_PROTOCOL)
+                    os.replace(path + ".tmp", path)
+                    saved = path
+                except OSError as e:
+                    print(f"mlsl_tf: elastic reset could not write the last commit to {path}: {e}",
+                          file=sys.stderr, flush=True)
+            self.link.send({"type": "reset", "saved": saved, "why": str(why)[:300]})
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(elastic_link.RESET_EXIT_CODE)  # no MPI_Finalize: a dead peer would hold it up
+
+
+def _resume(state):
+    """In a generation after a reset: rank 0 takes the commit the last generation wrote; then
+    the reset callbacks run (every rank).  Returns whether this generation resumed."""
+    if elastic_link.generation() <= 1:
+        return False
+    path = elastic_link.resume_path()
+    if rank() == 0 and path:
+        with open(path, "rb") as f:
+            state._load(pickle.load(f)["payload"])
+    state.on_reset()
+    return True
+
 
 def run(func):
     """Decorator: `func(state, *args, **kwargs)` runs after `state.sync()` (every rank starts
-    from rank 0's state). See the module docstring for what a fixed job cannot do."""
+    from rank 0's state).  Under elastic mlslrun, a dead peer or a change of hosts resets the
+    job (module docstring); on a fixed job errors propagate."""
 
     def wrapper(state, *args, **kwargs):
-        state.sync()
-        return func(state, *args, **kwargs)
+        link = elastic_link.current()
+        if link is None:
+            state.sync()
+            return func(state, *args, **kwargs)
+        reset = _Reset(state, link)
+        link.add_listener(state)
+        link.reset_handler = reset
+        try:
+            _resume(state)
+            state.sync()
+            return func(state, *args, **kwargs)
+        except HostsUpdatedInterrupt as e:
+            reset(f"hosts updated ({e!r})")
+        except Exception as e:  # noqa: BLE001 - only a peer's death resets; the rest propagates
+            if not _resets_on(e):
+                raise
+            reset(e)  # the last commit is what the next generation starts from: the rollback
+        finally:
+            link.remove_listener(state)
+            link.reset_handler = None
 
     wrapper.__name__ = getattr(func, "__name__", "wrapper")
     wrapper.__doc__ = func.__doc__

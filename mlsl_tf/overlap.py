@@ -256,6 +256,7 @@ class Deferral:
         deferral._make_step_variables()
         return deferral
 
+    @tf.autograph.experimental.do_not_convert  # its try/except must run as Python in a trace
     def _make_step_variables(self):
         """The step's iteration and learning rate, read by its deferred updates. Made where the
         caller is (in a function's first trace they make tf.function trace again for later
@@ -266,14 +267,16 @@ class Deferral:
         lr_dtype = keras3_compat.learning_rate_dtype(opt)
         iteration_dtype = keras3_compat.iterations_variable(opt).dtype
 
-        def make():
-            return (tf.Variable(0, dtype=iteration_dtype, trainable=False, name="mlsl_step_iteration"),
-                    tf.Variable(0, dtype=lr_dtype, trainable=False, name="mlsl_step_learning_rate"))
+        def make(variable=tf.Variable):
+            return (variable(0, dtype=iteration_dtype, trainable=False, name="mlsl_step_iteration"),
+                    variable(0, dtype=lr_dtype, trainable=False, name="mlsl_step_learning_rate"))
         try:
             self.iteration, self.learning_rate = make()
-        except ValueError:  # a later trace of a tf.function, which may not create variables
+        except ValueError:  # a later trace of a tf.function, which may not create variables: made
+            # eagerly, by the class itself (tf.Variable would go through the function's creator check)
+            from tensorflow.python.ops.resource_variable_ops import ResourceVariable
             with tf.init_scope():
-                self.iteration, self.learning_rate = make()
+                self.iteration, self.learning_rate = make(ResourceVariable)
         state = _StateRecord()
         state.deferral = self
         skip = keras3_compat.step_state_ids(opt)

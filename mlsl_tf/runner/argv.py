@@ -9,7 +9,7 @@ import argparse
 import shlex
 from typing import Iterable, Optional, Sequence
 
-from mlsl_tf.runner.config import RunConfig, UsageError
+from mlsl_tf.runner.config import ElasticConfig, RunConfig, UsageError
 from mlsl_tf.runner.hosts import check_slots, parse_hosts
 from mlsl_tf.runner.rank_env import ENV_FLAGS, START_TIMEOUT_ENV, EnvFlag, parse_env_spec
 
@@ -67,6 +67,23 @@ def build_parser() -> argparse.ArgumentParser:
                      default=True, help="before launching, ssh to every remote host without "
                      "prompting and check the ranks' interpreter is there; stop with the "
                      "failing hosts and why (default: on)")
+    el = p.add_argument_group("elastic training (horovodrun's flags; docs/elastic.md)")
+    el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
+                    help="elastic: the fewest workers to train with; fewer fails the job (default: -np)")
+    el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
+                    help="elastic: the most workers to train with (default: -np)")
+    el.add_argument("--host-discovery-script", dest="discovery_script", metavar="FILE",
+                    help="elastic: an executable printing the usable hosts, one 'host:slots' a line; "
+                    "run every second (default: the -H / --hostfile hosts)")
+    el.add_argument("--slots-per-host", "--slots", dest="slots_per_host", type=int, metavar="N",
+                    help="elastic: slots of a host the discovery script prints without ':slots' (default: 1)")
+    el.add_argument("--elastic-timeout", dest="elastic_timeout", type=float, metavar="S",
+                    help="elastic: seconds to wait for --min-np slots before failing (default: 600)")
+    el.add_argument("--reset-limit", dest="reset_limit", type=int, metavar="N",
+                    help="elastic: fail the job after more than N resets (default: no limit)")
+    el.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=float, nargs=2,
+                    metavar=("LOW", "HIGH"), help="elastic: a host whose worker failed stays out for a time "
+                    "drawn in [LOW, HIGH] s, doubled for each earlier failure (default: for good)")
     for flag in ENV_FLAGS:
         p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help_text)
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -81,7 +98,10 @@ def _flag_dest(flag: EnvFlag) -> str:
 # Options that take a value (the next word unless written --opt=value).
 _VALUE_OPTIONS = frozenset({"-np", "--num-proc", "-H", "--hosts", "--hostfile", "-x",
                             "--output-filename", "--start-timeout", "--launcher",
-                            "--mpi-args", "-p", "--ssh-port", "-i", "--ssh-identity-file"}
+                            "--mpi-args", "-p", "--ssh-port", "-i", "--ssh-identity-file",
+                            "--min-np", "--min-num-proc", "--max-np", "--max-num-proc",
+                            "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout",
+                            "--reset-limit"}
                            | {f.option for f in ENV_FLAGS})
 
 
@@ -135,9 +155,42 @@ def parse_args(argv: Sequence[str]) -> RunConfig:
         ssh_port=ns.ssh_port,
         ssh_identity_file=ns.ssh_identity_file,
         ssh_check=ns.ssh_check,
+        elastic=_elastic(ns),
     )
     _validate(cfg)
     return cfg
+
+
+def _elastic(ns: argparse.Namespace) -> Optional[ElasticConfig]:
+    """The elastic flags, or None when none that makes a job elastic is given (horovodrun: a
+    discovery script, --min-np or --max-np)."""
+    if ns.discovery_script is None and ns.min_np is None and ns.max_np is None:
+        for name, flag in (("slots_per_host", "--slots-per-host"), ("elastic_timeout", "--elastic-timeout"),
+                           ("reset_limit", "--reset-limit"), ("cooldown_range", "--blacklist-cooldown-range")):
+            if getattr(ns, name) is not None:
+                raise UsageError(f"{flag} is for elastic jobs: add --host-discovery-script, --min-np or --max-np")
+        return None
+    if ns.num_proc is None:
+        raise UsageError("-np N is required (the number of workers to start with)")
+    min_np = ns.min_np if ns.min_np is not None else ns.num_proc
+    max_np = ns.max_np if ns.max_np is not None else ns.num_proc
+    if not 1 <= min_np <= ns.num_proc <= max_np:
+        raise UsageError(f"elastic: expected 1 <= --min-np ({min_np}) <= -np ({ns.num_proc}) <= --max-np ({max_np})")
+    if ns.discovery_script is not None and (ns.hosts is not None or ns.hostfile is not None):
+        raise UsageError("--host-discovery-script and -H / --hostfile exclude each other")
+    if ns.slots_per_host is not None and ns.slots_per_host < 1:
+        raise UsageError(f"--slots-per-host must be >= 1, got {ns.slots_per_host}")
+    if ns.elastic_timeout is not None and not ns.elastic_timeout > 0:
+        raise UsageError(f"--elastic-timeout must be > 0 seconds, got {ns.elastic_timeout}")
+    if ns.reset_limit is not None and ns.reset_limit < 0:
+        raise UsageError(f"--reset-limit must be >= 0, got {ns.reset_limit}")
+    cooldown = tuple(ns.cooldown_range) if ns.cooldown_range is not None else None
+    if cooldown is not None and not 0 <= cooldown[0] <= cooldown[1]:
+        raise UsageError(f"--blacklist-cooldown-range: expected 0 <= LOW <= HIGH, got {cooldown[0]:g} {cooldown[1]:g}")
+    return ElasticConfig(min_np=min_np, max_np=max_np, discovery_script=ns.discovery_script,
+                         slots_per_host=ns.slots_per_host or 1,
+                         elastic_timeout=600.0 if ns.elastic_timeout is None else ns.elastic_timeout,
+                         reset_limit=ns.reset_limit, cooldown_range=cooldown)
 
 
 def _split_mpi_args(text: Optional[str]) -> list[str]:
@@ -176,7 +229,7 @@ def _validate(cfg: RunConfig) -> None:
         raise UsageError(f"--start-timeout must be > 0 seconds, got {cfg.start_timeout}")
     if cfg.output_filename is not None and not cfg.output_filename:
         raise UsageError("--output-filename needs a directory name")
-    if cfg.hosts is not None:
+    if cfg.hosts is not None and cfg.elastic is None:
         check_slots(cfg.num_proc, cfg.hosts, "-H")
     if cfg.ssh_port is not None and not 1 <= cfg.ssh_port <= 65535:
         raise UsageError(f"--ssh-port must be a TCP port, 1 to 65535, got {cfg.ssh_port}")

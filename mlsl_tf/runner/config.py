@@ -30,6 +30,23 @@ class EnvSpec:
 
 
 @dataclasses.dataclass(frozen=True)
+class ElasticConfig:
+    """horovodrun's elastic flags: a job of min_np to max_np workers over the hosts that
+    ``discovery_script`` prints (None: the -H / --hostfile hosts), bare hosts with
+    ``slots_per_host`` slots; ``cooldown_range`` (low, high) seconds a failed host stays out (None:
+    for good); ``reset_limit`` resets at most (None: no limit); ``elastic_timeout`` seconds to wait
+    for min_np slots."""
+
+    min_np: int
+    max_np: int
+    discovery_script: Optional[str] = None
+    slots_per_host: int = 1
+    elastic_timeout: float = 600.0
+    reset_limit: Optional[int] = None
+    cooldown_range: Optional[tuple[float, float]] = None
+
+
+@dataclasses.dataclass(frozen=True)
 class RunConfig:
     """What the user asked mlslrun for, validated (except the hostfile's contents).
 
@@ -40,6 +57,7 @@ class RunConfig:
     ``tag_output``: prefix each line of a rank's output with ``[R]<stdout>:`` / ``[R]<stderr>:``.
     ``ssh_port`` / ``ssh_identity_file``: how ssh reaches the hosts (None: ssh's defaults);
     ``ssh_check``: check every remote host through ssh before launching (ssh_check.py).
+    ``elastic``: the elastic flags (elastic_driver.py runs the job), None for a fixed job.
     """
 
     num_proc: Optional[int]
@@ -59,3 +77,4 @@ class RunConfig:
     ssh_port: Optional[int] = None
     ssh_identity_file: Optional[str] = None
     ssh_check: bool = True
+    elastic: Optional[ElasticConfig] = None

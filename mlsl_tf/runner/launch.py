@@ -44,7 +44,7 @@ import tempfile
 import time
 from typing import Mapping, Optional, Sequence
 
-from mlsl_tf.runner import child, rank_status, ssh_check
+from mlsl_tf.runner import child, elastic_driver, rank_status, ssh_check
 from mlsl_tf.runner.argv import build_parser, parse_args
 from mlsl_tf.runner.config import HostSlots, RunConfig, UsageError
 from mlsl_tf.runner.hosts import parse_hostfile
@@ -541,6 +541,23 @@ def plan_argv(cfg: RunConfig, environ: Mapping[str, str],
     return flavour, argv
 
 
+def _start_generation(cfg: RunConfig, status_dir: str) -> _Job:
+    """Elastic mlslrun's launch of one generation (elastic_driver.py): the plan of a fixed job,
+    with MPICH's hydra told to keep the survivors of a dead worker (-disable-auto-cleanup).  The
+    remote hosts ssh cannot reach are reported as elastic_driver.HostsUnreachable."""
+    if cfg.ssh_check:
+        remote = ssh_check.remote_hosts([h.host for h in cfg.hosts or ()])
+        failures = ssh_check.check_hosts(remote, ssh_options(cfg), sys.executable, TASK_PY)
+        if failures:
+            raise elastic_driver.HostsUnreachable([f.split(":", 1)[0] for f in failures], "; ".join(failures))
+    flavour, argv = plan_argv(dataclasses.replace(cfg, ssh_check=False), os.environ, status_dir)
+    if flavour == "mpich":
+        argv = [argv[0], "-disable-auto-cleanup", *argv[1:]]
+    if cfg.verbose:
+        print(f"mlslrun: {flavour} launcher: {shlex.join(argv)}", flush=True)
+    return _Job(argv)
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """mlslrun's entry point; returns the process exit code."""
     args = sys.argv[1:] if argv is None else list(argv)
@@ -559,6 +576,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         cfg = dataclasses.replace(cfg, output_filename=os.path.abspath(cfg.output_filename))
     for name in missing_env(cfg, os.environ):
         _err(f"warning: -x {name}: {name} is not set here, so it is not passed")
+    if cfg.elastic is not None:
+        try:
+            return elastic_driver.run(cfg, _start_generation)
+        except UsageError as e:
+            _err(f"error: {e}")
+            return EXIT_USAGE
     status_dir = tempfile.mkdtemp(prefix="mlslrun-status-")
     try:
         try:

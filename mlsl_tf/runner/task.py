@@ -44,6 +44,7 @@ On every rank it:
 """
 
 import argparse
+import json
 import os
 import signal
 import socket
@@ -58,7 +59,53 @@ if not __package__:  # run by file path (every rank): the package's parent dir, 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # The wrapper's own modules, standard library only (placement also mlsl_tf.cores): see above.
 from mlsl_tf.runner import child as child_process  # noqa: E402
-from mlsl_tf.runner import output, placement, pmi_relay, rank_status  # noqa: E402
+from mlsl_tf.runner import elastic_hosts, output, placement, pmi_relay, rank_status  # noqa: E402
+
+
+ELASTIC_DRIVER_ENV = "MLSL_TF_ELASTIC_DRIVER"  # elastic_link.DRIVER_ENV
+ELASTIC_GENERATION_ENV = "MLSL_TF_ELASTIC_GENERATION"
+ELASTIC_LAYOUT_ENV = "MLSL_TF_ELASTIC_LAYOUT"  # elastic_driver.LAYOUT_ENV
+ELASTIC_RESET_EXIT_CODE = 75  # elastic_link.RESET_EXIT_CODE: the command left for a reset
+
+
+def _horovod_env(rank: int, num_proc: int, host: str) -> dict:
+    """HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_HOSTNAME, ... as horovodrun sets them: from the
+    elastic driver's layout (the host as the discovery script named it, the slot's first rank),
+    else this rank's number and this machine's name."""
+    try:
+        layout = elastic_hosts.rank_layout(json.loads(os.environ[ELASTIC_LAYOUT_ENV]))[rank]
+    except (KeyError, ValueError, IndexError, TypeError):
+        return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(num_proc), "HOROVOD_HOSTNAME": host}
+    return elastic_hosts.horovod_env(layout)
+
+
+class _DriverLine:
+    """Elastic mlslrun's connection from this wrapper: says the rank started, then how it ended
+    (the driver tells the survivors of a dead worker at once).  None of it when not elastic."""
+
+    def __init__(self, rank: int, host: str):
+        self.sock = None
+        address = os.environ.get(ELASTIC_DRIVER_ENV)
+        if not address:
+            return
+        try:
+            addr, port, token = address.rsplit(":", 2)
+            self.sock = socket.create_connection((addr, int(port)), timeout=30)
+            self._send({"type": "wrapper", "token": token, "rank": rank, "host": host, "pid": os.getpid(),
+                        "generation": int(os.environ.get(ELASTIC_GENERATION_ENV, "0"))})
+        except (OSError, ValueError) as e:
+            _warn(f"rank {rank}: cannot reach the elastic driver at {address}: {e}")
+            self.sock = None
+
+    def _send(self, message: dict) -> None:
+        if self.sock is not None:
+            self.sock.sendall((json.dumps(message) + "\n").encode())
+
+    def ended(self, code: int) -> None:
+        try:
+            self._send({"type": "end", "code": code})
+        except OSError:
+            pass
 
 
 def _warn(message: str) -> None:
@@ -116,6 +163,13 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if ns.status_dir is not None:
         _write_start_marker(ns.status_dir, rank, host)
         os.environ[rank_status.FAILURE_FILE_ENV] = rank_status.failure_path(ns.status_dir, rank)
+    for name, value in _horovod_env(rank, ns.num_proc, host).items():
+        os.environ[name] = value
+    driver = _DriverLine(rank, host)
+    if driver.sock is not None:
+        # hydra without auto-cleanup (elastic) tells the other ranks of a rank's end by SIGUSR1,
+        # whose default action would end this wrapper and the command with it
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     cpus, warning = placement.affinity_plan(os.environ, placement.allowed_cpus())
     if warning:
         _warn(f"rank {rank}: {warning}")
@@ -130,6 +184,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         if ns.status_dir is not None:
             _write_status(ns.status_dir, rank_status.RankStatus(rank, host, os.getpid(), 127, None,
                                                                 None, time.time()))
+        driver.ended(127)
         return 127
     if relay is not None:
         relay.start()
@@ -153,7 +208,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                                     mpi=None if relay is None else relay.state(), **failure)
     if ns.status_dir is not None:
         _write_status(ns.status_dir, status)
-    if status.failed:
+    driver.ended(status.wrapper_exit_code)
+    if status.failed and not (driver.sock is not None and status.exitcode == ELASTIC_RESET_EXIT_CODE):
         print(f"mlslrun: {status.describe()}", file=sys.stderr, flush=True)
     return status.wrapper_exit_code
 

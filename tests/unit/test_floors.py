@@ -17,6 +17,7 @@ FLOORS = {
     "mlsl_tf.simulate": 0,      # the N-node simulator's driver (runs build/mlsl_sim)
     "mlsl_tf.cores": 0,         # MLSL_TF_COMM_CORE: the background thread's core (runner/ uses it too)
     "mlsl_tf.affinity": 0,      # which cores a rank's threads run on
+    "mlsl_tf.elastic_link": 0,  # a worker's connection to elastic mlslrun
     "mlsl_tf.threads": 1,       # TensorFlow pool sizes
     "mlsl_tf.basics": 2,        # init, shutdown, rank/size, progress output
     "mlsl_tf.groups": 3,        # process sets
@@ -30,7 +31,7 @@ FLOORS = {
     "mlsl_tf.optimizer": 6,     # DistributedOptimizer
     "mlsl_tf.optimizer_v1": 7,  # DistributedOptimizer over TensorFlow 1 optimizers
     "mlsl_tf.tape": 7,          # DistributedGradientTape
-    "mlsl_tf.elastic": 7,       # elastic state objects on a fixed job
+    "mlsl_tf.elastic": 7,       # elastic state objects and run (resets under elastic mlslrun)
     "mlsl_tf.optimizers": 8,    # DistributedOptimizer for any optimizer (picks the wrapper)
     "mlsl_tf.keras.layers": 8,
     "mlsl_tf.keras.callbacks": 8,
@@ -52,12 +53,14 @@ RUNNER_FLOORS = {
     "mlsl_tf.runner.rank_env": 1,     # the ranks' environment
     "mlsl_tf.runner.ssh": 1,          # ssh options and the check's verdicts
     "mlsl_tf.runner.child": 1,        # the rank's command as a child process (rank wrapper)
+    "mlsl_tf.runner.elastic_hosts": 2,  # elastic: discovery output, blacklist, each generation's hosts
     "mlsl_tf.runner.argv": 2,         # mlslrun's command line
     "mlsl_tf.runner.launchers": 2,    # per-MPI launcher argv
     "mlsl_tf.runner.ssh_check": 2,    # the ssh pre-flight check
-    "mlsl_tf.runner.launch": 3,       # mlslrun: runs the job
+    "mlsl_tf.runner.elastic_driver": 3,  # elastic mlslrun: generations of workers, the driver's server
+    "mlsl_tf.runner.launch": 4,       # mlslrun: runs the job
     "mlsl_tf.runner.task": 3,         # the rank wrapper: puts its floor-0/1 modules together
-    "mlsl_tf.runner.__main__": 4,     # python -m mlsl_tf.runner
+    "mlsl_tf.runner.__main__": 5,     # python -m mlsl_tf.runner
 }
 
 

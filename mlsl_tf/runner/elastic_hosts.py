@@ -1,0 +1,149 @@
+"""Elastic mlslrun's decisions about hosts: discovery output, the blacklist, each generation's hosts.
+
+Pure: no file access, no subprocess, no clock or randomness of its own (callers pass ``now`` and
+a random draw in).  elastic_driver.py does the I/O and asks these functions what to do.
+"""
+
+import dataclasses
+from typing import Iterable, Mapping, Optional, Sequence
+
+from mlsl_tf.runner.config import HostSlots, UsageError
+from mlsl_tf.runner.hosts import parse_hosts
+
+# Horovod's HostUpdateResult: what changed, as bit flags the workers OR together.
+NO_UPDATE, REMOVED, ADDED = 0, 1, 2
+
+
+def parse_discovery(text: str, slots_per_host: int) -> tuple[HostSlots, ...]:
+    """The hosts a discovery script printed: one ``host`` or ``host:slots`` per line (a bare host
+    has ``slots_per_host``); blank lines are skipped.  Raises UsageError naming the bad line."""
+    hosts = []
+    for line in text.splitlines():
+        line = line.strip()
+        if not line:
+            continue
+        name, sep, slots = line.partition(":")
+        try:
+            hosts.extend(parse_hosts(f"{name}:{slots if sep else slots_per_host}"))
+        except UsageError as e:
+            raise UsageError(f"the host discovery script printed {line!r}: {e}") from None
+    seen, unique = set(), []
+    for h in hosts:  # a host printed twice counts once (its first line)
+        if h.host not in seen:
+            seen.add(h.host)
+            unique.append(h)
+    return tuple(unique)
+
+
+@dataclasses.dataclass
+class Blacklist:
+    """Hosts whose worker failed.  Without a cooldown range a host stays out for good; with
+    (low, high) it is out for a time drawn in [low, high] seconds, doubled for each earlier
+    failure of the same host (Horovod's exponential back-off)."""
+
+    cooldown: Optional[tuple[float, float]] = None
+    until: dict = dataclasses.field(default_factory=dict)     # host -> time it may return (inf: never)
+    failures: dict = dataclasses.field(default_factory=dict)  # host -> how often it failed
+
+    def fail(self, host: str, now: float, draw: float) -> float:
+        """Blacklists ``host`` (``draw`` in [0, 1) picks the cooldown); returns when it may return."""
+        count = self.failures.get(host, 0)
+        self.failures[host] = count + 1
+        if self.cooldown is None:
+            self.until[host] = float("inf")
+        else:
+            low, high = self.cooldown
+            self.until[host] = now + (low + draw * (high - low)) * (2 ** count)
+        return self.until[host]
+
+    def usable(self, host: str, now: float) -> bool:
+        return now >= self.until.get(host, 0.0)
+
+    def filter(self, hosts: Iterable[HostSlots], now: float) -> tuple[HostSlots, ...]:
+        return tuple(h for h in hosts if self.usable(h.host, now))
+
+    def all_out_for_good(self, hosts: Iterable[HostSlots]) -> bool:
+        """Whether every one of ``hosts`` is blacklisted without a cooldown."""
+        hosts = list(hosts)
+        return bool(hosts) and all(self.until.get(h.host, 0.0) == float("inf") for h in hosts)
+
+
+def order_hosts(available: Sequence[HostSlots], keep_first: Sequence[str]) -> tuple[HostSlots, ...]:
+    """``available`` with the hosts named in ``keep_first`` (the hosts of the generation that
+    ended, in its rank order) first, in that order, then the others as discovered: ranks that
+    survive keep their place, and rank 0 stays on a host that holds the last commit."""
+    by_name = {h.host: h for h in available}
+    first = [by_name[name] for name in dict.fromkeys(keep_first) if name in by_name]
+    return tuple(first + [h for h in available if h.host not in set(keep_first)])
+
+
+def plan_generation(available: Sequence[HostSlots], max_np: int) -> tuple[HostSlots, ...]:
+    """The hosts and ranks of the next generation: hosts filled in order up to ``max_np`` ranks."""
+    out, left = [], max_np
+    for h in available:
+        if left == 0:
+            break
+        n = min(h.slots, left)
+        out.append(HostSlots(h.host, n))
+        left -= n
+    return tuple(out)
+
+
+def world_size(hosts: Sequence[HostSlots]) -> int:
+    return sum(h.slots for h in hosts)
+
+
+def update_kind(current: Sequence[HostSlots], proposed: Sequence[HostSlots]) -> int:
+    """Horovod's HostUpdateResult for going from ``current`` to ``proposed``: REMOVED when a rank
+    slot in use goes away, ADDED when new ones come, both, or NO_UPDATE."""
+    now = {(h.host, i) for h in current for i in range(h.slots)}
+    then = {(h.host, i) for h in proposed for i in range(h.slots)}
+    return (REMOVED if now - then else NO_UPDATE) | (ADDED if then - now else NO_UPDATE)
+
+
+@dataclasses.dataclass
+class SlotIdentity:
+    """The HOROVOD_RANK of each rank slot (host, index on the host).  A slot that ran in the
+    previous generation keeps the number it had (its worker is the same worker, restarted, as a
+    surviving Horovod worker keeps the environment it was launched with); a slot new to this
+    generation starts with its rank in it, as a worker Horovod launches now would."""
+
+    previous: dict = dataclasses.field(default_factory=dict)  # (host, index) -> start rank
+
+    def ranks(self, hosts: Sequence[HostSlots]) -> list[tuple[str, int]]:
+        """(host, start rank) for each rank of a generation on ``hosts``, in rank order; this
+        generation becomes the previous one."""
+        out, now = [], {}
+        for h in hosts:
+            for i in range(h.slots):
+                now[(h.host, i)] = self.previous.get((h.host, i), len(out))
+                out.append((h.host, now[(h.host, i)]))
+        self.previous = now
+        return out
+
+
+def rank_layout(slots: Sequence[tuple[str, int]]) -> list[dict]:
+    """Horovod's per-worker numbers for a generation (``slots``: (host, start rank) per rank):
+    rank, size, local and cross rank and size, hostname and start rank."""
+    hosts = list(dict.fromkeys(host for host, _ in slots))
+    local_sizes = {h: sum(1 for host, _ in slots if host == h) for h in hosts}
+    seen: dict = {}
+    out = []
+    for rank, (host, start) in enumerate(slots):
+        local = seen.get(host, 0)
+        seen[host] = local + 1
+        cross_size = sum(1 for h in hosts if local_sizes[h] > local)
+        cross_rank = sum(1 for h in hosts[:hosts.index(host)] if local_sizes[h] > local)
+        out.append({"rank": rank, "size": len(slots), "local_rank": local, "local_size": local_sizes[host],
+                    "cross_rank": cross_rank, "cross_size": cross_size, "hostname": host, "start_rank": start})
+    return out
+
+
+def horovod_env(layout: Mapping[str, object]) -> dict:
+    """The HOROVOD_* variables horovodrun gives a worker, from one entry of rank_layout."""
+    names = {"rank": "HOROVOD_RANK", "size": "HOROVOD_SIZE", "local_rank": "HOROVOD_LOCAL_RANK",
+             "local_size": "HOROVOD_LOCAL_SIZE", "cross_rank": "HOROVOD_CROSS_RANK",
+             "cross_size": "HOROVOD_CROSS_SIZE", "hostname": "HOROVOD_HOSTNAME"}
+    env = {var: str(layout[key]) for key, var in names.items()}
+    env["HOROVOD_RANK"] = str(layout["start_rank"])  # the rank the worker's slot first ran as
+    return env
