@@ -315,10 +315,10 @@ def run(func):
             state.sync()
             return func(state, *args, **kwargs)
         reset = _Reset(state, link)
-        link.add_listener(state)
         link.reset_handler = reset
         try:
-            _resume(state)
+            _resume(state)  # its on_reset() forgets announcements: listen only after it
+            link.add_listener(state)
             state.sync()
             return func(state, *args, **kwargs)
         except HostsUpdatedInterrupt as e:

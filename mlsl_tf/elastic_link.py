@@ -38,6 +38,7 @@ class Link:
         self._sock.settimeout(None)
         self._send_lock = threading.Lock()
         self._listeners = []
+        self._updates = []  # every hosts_updated received: a listener added later gets them too
         self.reset_handler = None
         self.lost = None  # the reason of the first peer_lost received
         self.send({"type": "worker", "token": token, "generation": generation, "rank": rank, "pid": os.getpid()})
@@ -52,8 +53,13 @@ class Link:
                 pass  # the driver is gone: the launcher stops this worker
 
     def add_listener(self, listener):
-        if listener not in self._listeners:
+        with self._send_lock:
+            if listener in self._listeners:
+                return
             self._listeners.append(listener)
+            missed = list(self._updates)
+        for timestamp, result in missed:
+            listener.on_hosts_updated(timestamp, result)
 
     def remove_listener(self, listener):
         if listener in self._listeners:
@@ -79,8 +85,12 @@ class Link:
     def _handle(self, message):
         kind = message.get("type")
         if kind == "hosts_updated":
-            for listener in list(self._listeners):
-                listener.on_hosts_updated(message.get("timestamp", 0), message.get("result", 0))
+            update = (message.get("timestamp", 0), message.get("result", 0))
+            with self._send_lock:
+                self._updates.append(update)
+                listeners = list(self._listeners)
+            for listener in listeners:
+                listener.on_hosts_updated(*update)
         elif kind == "peer_lost" and self.lost is None:
             self.lost = str(message.get("reason", "a worker was lost"))
             handler = self.reset_handler

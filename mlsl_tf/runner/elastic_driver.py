@@ -81,6 +81,7 @@ class Server:
         self.port = self._sock.getsockname()[1]
         self._lock = threading.Lock()
         self._workers: dict = {}   # (generation, rank) -> socket
+        self._announced: dict = {}  # generation -> what was broadcast (replayed to workers connecting later)
         self.events: list = []
         self._wake = threading.Condition(self._lock)
         self._closed = False
@@ -116,6 +117,9 @@ class Server:
                         if who[0] == "worker":
                             with self._lock:
                                 self._workers[who[1:]] = conn
+                                late = list(self._announced.get(who[1], ()))
+                            for data in late:
+                                conn.sendall(data)
                         continue
                     self._post(who[1], who[2], message.get("type"), message)
         except (OSError, ValueError, KeyError):
@@ -143,6 +147,7 @@ class Server:
     def broadcast(self, generation: int, message: dict, skip: Sequence[int] = ()) -> None:
         data = (json.dumps(message) + "\n").encode()
         with self._lock:
+            self._announced.setdefault(generation, []).append(data)
             targets = [s for (g, r), s in self._workers.items() if g == generation and r not in skip]
         for s in targets:
             try:
