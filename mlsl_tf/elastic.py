@@ -22,7 +22,7 @@ import threading
 
 import tensorflow as tf
 
-from mlsl_tf import elastic_link, keras_flavour
+from mlsl_tf import _library, elastic_link, keras_flavour
 from mlsl_tf.basics import caused_by_peer, rank
 from mlsl_tf.functions import broadcast_object, broadcast_variables
 
@@ -320,9 +320,15 @@ def run(func):
             _resume(state)  # its on_reset() forgets announcements: listen only after it
             link.add_listener(state)
             state.sync()
+            if rank() == 0:
+                link.send({"type": "training"})  # the driver starts blacklisted hosts' cooldowns
             return func(state, *args, **kwargs)
         except HostsUpdatedInterrupt as e:
             reset(f"hosts updated ({e!r})")
+        except SystemExit as e:
+            if e.code not in (0, None):  # a failing worker: MPI_Finalize would wait for peers that left
+                _library.c_api().mlsl_tf_exit_failing()
+            raise
         except Exception as e:  # noqa: BLE001 - only a peer's death resets; the rest propagates
             if not _resets_on(e):
                 raise

@@ -71,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                     help="elastic: the fewest workers to train with; fewer fails the job (default: -np)")
     el.add_argument("--max-np", "--max-num-proc", dest="max_np", type=int, metavar="N",
-                    help="elastic: the most workers to train with (default: -np)")
+                    help="elastic: the most workers to train with (default: every usable slot)")
     el.add_argument("--host-discovery-script", dest="discovery_script", metavar="FILE",
                     help="elastic: an executable printing the usable hosts, one 'host:slots' a line; "
                     "run every second (default: the -H / --hostfile hosts)")
@@ -173,9 +173,9 @@ def _elastic(ns: argparse.Namespace) -> Optional[ElasticConfig]:
     if ns.num_proc is None:
         raise UsageError("-np N is required (the number of workers to start with)")
     min_np = ns.min_np if ns.min_np is not None else ns.num_proc
-    max_np = ns.max_np if ns.max_np is not None else ns.num_proc
-    if not 1 <= min_np <= ns.num_proc <= max_np:
-        raise UsageError(f"elastic: expected 1 <= --min-np ({min_np}) <= -np ({ns.num_proc}) <= --max-np ({max_np})")
+    if not 1 <= min_np <= ns.num_proc or (ns.max_np is not None and ns.max_np < ns.num_proc):
+        raise UsageError(f"elastic: expected 1 <= --min-np ({min_np}) <= -np ({ns.num_proc}) <= --max-np "
+                         f"({'no limit' if ns.max_np is None else ns.max_np})")
     if ns.discovery_script is not None and (ns.hosts is not None or ns.hostfile is not None):
         raise UsageError("--host-discovery-script and -H / --hostfile exclude each other")
     if ns.slots_per_host is not None and ns.slots_per_host < 1:
@@ -187,7 +187,7 @@ def _elastic(ns: argparse.Namespace) -> Optional[ElasticConfig]:
     cooldown = tuple(ns.cooldown_range) if ns.cooldown_range is not None else None
     if cooldown is not None and not 0 <= cooldown[0] <= cooldown[1]:
         raise UsageError(f"--blacklist-cooldown-range: expected 0 <= LOW <= HIGH, got {cooldown[0]:g} {cooldown[1]:g}")
-    return ElasticConfig(min_np=min_np, max_np=max_np, discovery_script=ns.discovery_script,
+    return ElasticConfig(min_np=min_np, max_np=ns.max_np, discovery_script=ns.discovery_script,
                          slots_per_host=ns.slots_per_host or 1,
                          elastic_timeout=600.0 if ns.elastic_timeout is None else ns.elastic_timeout,
                          reset_limit=ns.reset_limit, cooldown_range=cooldown)

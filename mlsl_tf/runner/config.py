@@ -31,14 +31,14 @@ class EnvSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ElasticConfig:
-    """horovodrun's elastic flags: a job of min_np to max_np workers over the hosts that
+    """horovodrun's elastic flags: a job of min_np to max_np (None: every usable slot) workers over the hosts that
     ``discovery_script`` prints (None: the -H / --hostfile hosts), bare hosts with
     ``slots_per_host`` slots; ``cooldown_range`` (low, high) seconds a failed host stays out (None:
     for good); ``reset_limit`` resets at most (None: no limit); ``elastic_timeout`` seconds to wait
     for min_np slots."""
 
     min_np: int
-    max_np: int
+    max_np: Optional[int]
     discovery_script: Optional[str] = None
     slots_per_host: int = 1
     elastic_timeout: float = 600.0

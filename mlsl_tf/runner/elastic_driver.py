@@ -228,6 +228,7 @@ class Driver:
             hosts = eh.plan_generation(eh.order_hosts(self.usable_hosts(), previous), self.el.max_np)
             if eh.world_size(hosts) >= self.el.min_np:
                 return hosts
+            self.blacklist.start_cooldowns(time.time())  # no training without them: their time runs
             if self.stopping is not None:
                 raise RuntimeError("stopped")
             discovered = self.discover()
@@ -259,7 +260,7 @@ class Driver:
         """Runs a generation to its end; returns {rank: RankEnd}."""
         hosts_of = [h.host for h in hosts for _ in range(h.slots)]
         ends = {r: RankEnd(host) for r, host in enumerate(hosts_of)}
-        lost_at = None
+        lost_at = ended_at = None
         notified = None
         while True:
             for g, rank, kind, data in self.server.take_events(POLL_S):
@@ -270,8 +271,12 @@ class Driver:
                     end.code = int(data.get("code", 1))
                 elif kind == "reset":
                     end.reset, end.saved = True, data.get("saved")
+                elif kind == "training":
+                    self.blacklist.start_cooldowns(time.time())
                 elif kind == "wrapper_closed" and end.code is None:
                     end.lost_connection = True
+                if ended_at is None and (end.code not in (None, 0) or end.lost_connection):
+                    ended_at = self.now()  # a worker failed or left for a reset: the rest must follow
                 if lost_at is None and self._is_loss(end):
                     lost_at = self.now()
                     why = self._describe(rank, end)
@@ -280,13 +285,16 @@ class Driver:
                     self.server.broadcast(generation, {"type": "peer_lost", "reason": why}, skip=(rank,))
             code = job.poll()
             if code is not None:
+                self.blacklist.start_cooldowns(time.time())  # no word that it trained: from now
                 return ends
             if self.stopping is not None:
                 job.stop()
-            elif lost_at is not None and self.now() > lost_at + SURVIVOR_GRACE_S:
-                _err(f"elastic: the survivors did not leave within {SURVIVOR_GRACE_S:g} s; stopping them")
+            elif ended_at is not None and self.now() > ended_at + SURVIVOR_GRACE_S:
+                left = sorted(r for r, e in ends.items() if e.code is None)
+                _err(f"elastic: ranks {left} did not leave within {SURVIVOR_GRACE_S:g} s of the reset; stopping them")
+                ended_at = float("inf")
                 job.stop()
-            elif lost_at is None:
+            elif lost_at is None and ended_at is None:
                 notified = self._check_hosts(generation, hosts, notified)
 
     @staticmethod
@@ -356,7 +364,7 @@ class Driver:
                 except HostsUnreachable as e:
                     _err(f"elastic: {e}")
                     for host in e.hosts:
-                        self.blacklist.fail(host, time.time(), self._rng.random())
+                        self.blacklist.fail(host, self._rng.random())
                     generation -= 1
                     continue
                 finally:
@@ -368,9 +376,9 @@ class Driver:
                     return 0
                 failed = sorted({e.host for e in ends.values() if self._is_loss(e) or e.code is None and not e.reset})
                 for host in failed:
-                    until = self.blacklist.fail(host, time.time(), self._rng.random())
-                    _err(f"elastic: host {host} blacklisted" + ("" if until == float("inf") else
-                         f" for {until - time.time():.1f} s"))
+                    seconds = self.blacklist.fail(host, self._rng.random())
+                    _err(f"elastic: host {host} blacklisted" + ("" if seconds == float("inf") else
+                         f" for {seconds:.1f} s of training"))
                 saved = [(r, e) for r, e in sorted(ends.items()) if e.reset and e.saved]
                 if saved:
                     resume = saved[0][1].saved

@@ -39,22 +39,32 @@ def parse_discovery(text: str, slots_per_host: int) -> tuple[HostSlots, ...]:
 class Blacklist:
     """Hosts whose worker failed.  Without a cooldown range a host stays out for good; with
     (low, high) it is out for a time drawn in [low, high] seconds, doubled for each earlier
-    failure of the same host (Horovod's exponential back-off)."""
+    failure of the same host (Horovod's exponential back-off).  The time counts from when training
+    goes on without the host (start_cooldowns: the next generation trains), so a slow reset does
+    not use it up."""
 
     cooldown: Optional[tuple[float, float]] = None
-    until: dict = dataclasses.field(default_factory=dict)     # host -> time it may return (inf: never)
+    until: dict = dataclasses.field(default_factory=dict)     # host -> time it may return (inf: not yet known)
     failures: dict = dataclasses.field(default_factory=dict)  # host -> how often it failed
+    pending: dict = dataclasses.field(default_factory=dict)   # host -> cooldown seconds not started yet
 
-    def fail(self, host: str, now: float, draw: float) -> float:
-        """Blacklists ``host`` (``draw`` in [0, 1) picks the cooldown); returns when it may return."""
+    def fail(self, host: str, draw: float) -> float:
+        """Blacklists ``host`` (``draw`` in [0, 1) picks the cooldown); returns the cooldown in
+        seconds (inf: for good), which start_cooldowns starts."""
         count = self.failures.get(host, 0)
         self.failures[host] = count + 1
+        self.until[host] = float("inf")
         if self.cooldown is None:
-            self.until[host] = float("inf")
-        else:
-            low, high = self.cooldown
-            self.until[host] = now + (low + draw * (high - low)) * (2 ** count)
-        return self.until[host]
+            return float("inf")
+        low, high = self.cooldown
+        self.pending[host] = (low + draw * (high - low)) * (2 ** count)
+        return self.pending[host]
+
+    def start_cooldowns(self, now: float) -> None:
+        """The job trains again without the blacklisted hosts: their cooldowns run from ``now``."""
+        for host, seconds in self.pending.items():
+            self.until[host] = now + seconds
+        self.pending.clear()
 
     def usable(self, host: str, now: float) -> bool:
         return now >= self.until.get(host, 0.0)
@@ -65,7 +75,8 @@ class Blacklist:
     def all_out_for_good(self, hosts: Iterable[HostSlots]) -> bool:
         """Whether every one of ``hosts`` is blacklisted without a cooldown."""
         hosts = list(hosts)
-        return bool(hosts) and all(self.until.get(h.host, 0.0) == float("inf") for h in hosts)
+        return bool(hosts) and all(self.until.get(h.host, 0.0) == float("inf") and h.host not in self.pending
+                                   for h in hosts)
 
 
 def order_hosts(available: Sequence[HostSlots], keep_first: Sequence[str]) -> tuple[HostSlots, ...]:
@@ -77,9 +88,10 @@ def order_hosts(available: Sequence[HostSlots], keep_first: Sequence[str]) -> tu
     return tuple(first + [h for h in available if h.host not in set(keep_first)])
 
 
-def plan_generation(available: Sequence[HostSlots], max_np: int) -> tuple[HostSlots, ...]:
-    """The hosts and ranks of the next generation: hosts filled in order up to ``max_np`` ranks."""
-    out, left = [], max_np
+def plan_generation(available: Sequence[HostSlots], max_np: Optional[int]) -> tuple[HostSlots, ...]:
+    """The hosts and ranks of the next generation: hosts filled in order up to ``max_np`` ranks
+    (None: every slot)."""
+    out, left = [], sum(h.slots for h in available) if max_np is None else max_np
     for h in available:
         if left == 0:
             break
