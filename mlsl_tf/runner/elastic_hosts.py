@@ -5,7 +5,7 @@ a random draw in).  elastic_driver.py does the I/O and asks these functions what
 """
 
 import dataclasses
-from typing import Iterable, Mapping, Optional, Sequence
+from typing import Iterable, Optional, Sequence
 
 from mlsl_tf.runner.config import HostSlots, UsageError
 from mlsl_tf.runner.hosts import parse_hosts
@@ -132,30 +132,3 @@ class SlotIdentity:
                 out.append((h.host, now[(h.host, i)]))
         self.previous = now
         return out
-
-
-def rank_layout(slots: Sequence[tuple[str, int]]) -> list[dict]:
-    """Horovod's per-worker numbers for a generation (``slots``: (host, start rank) per rank):
-    rank, size, local and cross rank and size, hostname and start rank."""
-    hosts = list(dict.fromkeys(host for host, _ in slots))
-    local_sizes = {h: sum(1 for host, _ in slots if host == h) for h in hosts}
-    seen: dict = {}
-    out = []
-    for rank, (host, start) in enumerate(slots):
-        local = seen.get(host, 0)
-        seen[host] = local + 1
-        cross_size = sum(1 for h in hosts if local_sizes[h] > local)
-        cross_rank = sum(1 for h in hosts[:hosts.index(host)] if local_sizes[h] > local)
-        out.append({"rank": rank, "size": len(slots), "local_rank": local, "local_size": local_sizes[host],
-                    "cross_rank": cross_rank, "cross_size": cross_size, "hostname": host, "start_rank": start})
-    return out
-
-
-def horovod_env(layout: Mapping[str, object]) -> dict:
-    """The HOROVOD_* variables horovodrun gives a worker, from one entry of rank_layout."""
-    names = {"rank": "HOROVOD_RANK", "size": "HOROVOD_SIZE", "local_rank": "HOROVOD_LOCAL_RANK",
-             "local_size": "HOROVOD_LOCAL_SIZE", "cross_rank": "HOROVOD_CROSS_RANK",
-             "cross_size": "HOROVOD_CROSS_SIZE", "hostname": "HOROVOD_HOSTNAME"}
-    env = {var: str(layout[key]) for key, var in names.items()}
-    env["HOROVOD_RANK"] = str(layout["start_rank"])  # the rank the worker's slot first ran as
-    return env

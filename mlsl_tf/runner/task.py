@@ -5,11 +5,16 @@ so it never imports TensorFlow: standard library only, plus mlsl_tf/cores.py (th
 of MLSL_TF_COMM_CORE, itself standard library only; the package's __init__ imports nothing) and
 the wrapper's own modules of runner/, each standard library only: placement.py (rank, CPUs),
 rank_status.py (status files), output.py (output copies and tags), pmi_relay.py (the PMI
-connection), child.py (the command's process).  This file only puts them together.
+connection), child.py (the command's process), worker_env.py (HOROVOD_* variables).  This file
+only puts them together.
 
 On every rank it:
   * finds the rank from the launcher's environment (PMI_RANK, OMPI_COMM_WORLD_RANK,
-    SLURM_PROCID, PMIX_RANK);
+    SLURM_PROCID, PMIX_RANK), and sets horovodrun's HOROVOD_RANK, HOROVOD_SIZE,
+    HOROVOD_HOSTNAME, ... for the command;
+  * under elastic mlslrun (MLSL_TF_ELASTIC_DRIVER), connects to the driver, says the rank
+    started and, when the command ends, its exit code (the driver tells the survivors of a dead
+    worker at once), and ignores hydra's SIGUSR1 (its notice of another rank's end);
   * writes ``start.R.json`` into ``--status-dir`` before starting the command and
     ``status.R.json`` (exit code or signal) after it ends;
   * with ``--output-filename DIR`` copies the command's stdout and stderr to
@@ -59,7 +64,7 @@ if not __package__:  # run by file path (every rank): the package's parent dir, 
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 # The wrapper's own modules, standard library only (placement also mlsl_tf.cores): see above.
 from mlsl_tf.runner import child as child_process  # noqa: E402
-from mlsl_tf.runner import elastic_hosts, output, placement, pmi_relay, rank_status  # noqa: E402
+from mlsl_tf.runner import output, placement, pmi_relay, rank_status, worker_env  # noqa: E402
 
 
 ELASTIC_DRIVER_ENV = "MLSL_TF_ELASTIC_DRIVER"  # elastic_link.DRIVER_ENV
@@ -73,10 +78,10 @@ def _horovod_env(rank: int, num_proc: int, host: str) -> dict:
     elastic driver's layout (the host as the discovery script named it, the slot's first rank),
     else this rank's number and this machine's name."""
     try:
-        layout = elastic_hosts.rank_layout(json.loads(os.environ[ELASTIC_LAYOUT_ENV]))[rank]
+        layout = worker_env.rank_layout(json.loads(os.environ[ELASTIC_LAYOUT_ENV]))[rank]
     except (KeyError, ValueError, IndexError, TypeError):
         return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(num_proc), "HOROVOD_HOSTNAME": host}
-    return elastic_hosts.horovod_env(layout)
+    return worker_env.horovod_env(layout)
 
 
 class _DriverLine:

@@ -9,6 +9,7 @@ import sys
 import pytest
 
 from mlsl_tf.runner import elastic_hosts as eh
+from mlsl_tf.runner import worker_env
 from mlsl_tf.runner.argv import parse_args
 from mlsl_tf.runner.config import HostSlots, UsageError
 
@@ -104,10 +105,10 @@ def test_slot_identity_as_horovod_workers_keep_their_launch_rank():
 
 
 def test_rank_layout_and_horovod_env():
-    layout = eh.rank_layout([("a", 4), ("a", 5), ("b", 0)])
+    layout = worker_env.rank_layout([("a", 4), ("a", 5), ("b", 0)])
     assert [(x["rank"], x["local_rank"], x["local_size"], x["cross_rank"], x["cross_size"]) for x in layout] == \
         [(0, 0, 2, 0, 2), (1, 1, 2, 0, 1), (2, 0, 1, 1, 2)]
-    env = eh.horovod_env(layout[1])
+    env = worker_env.horovod_env(layout[1])
     assert env == {"HOROVOD_RANK": "5", "HOROVOD_SIZE": "3", "HOROVOD_LOCAL_RANK": "1", "HOROVOD_LOCAL_SIZE": "2",
                    "HOROVOD_CROSS_RANK": "0", "HOROVOD_CROSS_SIZE": "1", "HOROVOD_HOSTNAME": "a"}
     json.dumps(layout)

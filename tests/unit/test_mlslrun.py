@@ -351,7 +351,8 @@ def test_task_without_rank_env_is_an_error():
 # output, pmi_relay, child -- each standard library only.  Not launch.py, argv.py or the other
 # modules of mlslrun itself, which the wrapper never needs.  A module added here must be as light.
 TASK_MODULES = ["mlsl_tf", "mlsl_tf.cores", "mlsl_tf.runner", "mlsl_tf.runner.child", "mlsl_tf.runner.output",
-                "mlsl_tf.runner.placement", "mlsl_tf.runner.pmi_relay", "mlsl_tf.runner.rank_status"]
+                "mlsl_tf.runner.placement", "mlsl_tf.runner.pmi_relay", "mlsl_tf.runner.rank_status",
+                "mlsl_tf.runner.worker_env"]
 
 
 def test_task_imports_only_light_modules(tmp_path):
