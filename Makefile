@@ -6,7 +6,7 @@
 #                    (on every core unless -j is given; `pip install .` runs it: docs/install.md)
 #   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
 #   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks),
-#                    and test-ssh
+#                    elastic mlslrun (test-elastic) and test-ssh
 #   make test-ssh    mlslrun through ssh between emulated hosts (root: namespaces, sshd; docs/ssh.md)
 #   make test-openmpi  Debian's Open MPI: the ops built against it (build/openmpi), tests/mpi at 2
 #                    ranks under its mpirun (not part of make test, ~25 min; docs/openmpi.md)
@@ -14,7 +14,8 @@
 #   make sim         build/mlsl_sim, the simulator of N-node training (no TensorFlow, no MPI)
 #   make stress      long soak, large inputs and the fault matrix (not part of make test)
 #   make horovod-suite HOROVOD_TEST=/path/to/horovod/test
-#                    Horovod 0.28.1's own TF and Keras test files against mlsl_tf, 2 and 3 ranks
+#                    Horovod 0.28.1's own TF and Keras test files against mlsl_tf, 2 and 3 ranks,
+#                    and its elastic integration tests
 #                    (needs a checkout of horovod/horovod at v0.28.1; not part of make test)
 
 VENV      ?= .venv
@@ -45,7 +46,7 @@ TIMEOUT   ?= 600
 # its pip-install test reuses the objects `lib` built (it links, it does not recompile).
 UNIT_TIMEOUT ?= 1500
 
-.PHONY: venv lib core-tests sim test test-unit test-mpi stress horovod-suite example clean FORCE
+.PHONY: venv lib core-tests sim test test-unit test-mpi test-elastic stress horovod-suite example clean FORCE
 
 $(VENV)/.stamp: requirements.txt requirements-nodeps.txt
 	python3 -m venv $(VENV)
@@ -141,13 +142,18 @@ test-mpi: venv lib sim
 	  timeout $(TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
 	done
 
-test: venv core-tests lib test-unit test-mpi test-ssh
+# Elastic mlslrun end to end (tests/elastic): each test launches its jobs itself, under a timeout.
+test-elastic: venv lib
+	timeout 1200 $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 600 --durations=5 tests/elastic
+
+test: venv core-tests lib test-unit test-mpi test-elastic test-ssh
 	@echo "all test suites passed"
 
 horovod-suite: venv lib
 	@test -n "$(HOROVOD_TEST)" || (echo "usage: make horovod-suite HOROVOD_TEST=<horovod v0.28.1 checkout>/test"; exit 2)
 	$(VENV)/bin/pip install -q -r tests/horovod_suite/requirements.txt
 	$(PYTHON) tests/horovod_suite/run.py $(HOROVOD_TEST) --np 2,3
+	$(PYTHON) tests/horovod_suite/run_elastic.py $(HOROVOD_TEST)
 
 # Long checks, not in `make test` / CI (~10 min, ~14 GiB of memory): a soak of 100,000 mixed
 # collectives and 20,000 distinct names, a broadcast beyond 2^31-1 elements, the fault matrix.

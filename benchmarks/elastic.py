@@ -69,7 +69,7 @@ def discovery(work, hosts):
 
 
 def command(library, script, log, scenario, horovod_python):
-    worker = [str(WORKER), "--library", library, "--log", str(log), "--epochs", str(scenario["epochs"]),
+    worker = [str(WORKER), "--library", library, "--step-log", str(log), "--epochs", str(scenario["epochs"]),
               "--steps", str(scenario["steps"])]
     flags = ["-np", "3", "--min-np", "2", "--max-np", "3", "--host-discovery-script", str(script),
              "--blacklist-cooldown-range", "1", "2"]

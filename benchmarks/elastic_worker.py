@@ -3,7 +3,7 @@ written once for both libraries (`--library mlsl_tf`: mlsl_tf.keras on Keras 3; 
 horovod.tensorflow.keras on the Horovod venv's Keras 2), a KerasState and Horovod's three elastic
 callbacks, a commit every --batches-per-commit batches.
 
-Rank 0 appends one JSON line per finished step to --log: wall time, world size, epoch, batch, the
+Rank 0 appends one JSON line per finished step to --step-log: wall time, world size, epoch, batch, the
 number of steps done so far, and at each (re)start of `train` the step it resumes from, its
 resident memory and thread count."""
 
@@ -15,7 +15,7 @@ import time
 
 p = argparse.ArgumentParser()
 p.add_argument("--library", choices=("mlsl_tf", "horovod"), required=True)
-p.add_argument("--log", required=True)
+p.add_argument("--step-log", dest="log", required=True)
 p.add_argument("--epochs", type=int, default=4)
 p.add_argument("--steps", type=int, default=100, help="steps per epoch")
 p.add_argument("--batches-per-commit", type=int, default=10)

@@ -102,6 +102,8 @@ def train(state):
     log(event="resume", epoch=state.epoch, batch=state.batch)
     data = shard()
     verbose = 2 if hvd.rank() == 0 else 0
+    if state.batch >= args.steps_per_epoch:  # committed after its last batch, before the epoch's end
+        state.epoch, state.batch = state.epoch + 1, 0
     if state.batch > 0 and state.epoch < args.epochs:  # finish the epoch the reset interrupted
         model.fit(data, steps_per_epoch=args.steps_per_epoch - state.batch, epochs=1, callbacks=callbacks,
                   verbose=verbose)

@@ -375,6 +375,12 @@ class Driver:
                 if all(e.code == 0 for e in ends.values()):
                     return 0
                 failed = sorted({e.host for e in ends.values() if self._is_loss(e) or e.code is None and not e.reset})
+                if all(self._is_loss(e) or e.code is None and not e.reset for e in ends.values()):
+                    first = min(ends.items(), key=lambda item: item[0])
+                    _err(f"job failed: one or more processes exited with non-zero status: every worker of "
+                         f"generation {generation} failed, none is left to carry the job on "
+                         f"({self._describe(*first)})")
+                    return 1
                 for host in failed:
                     seconds = self.blacklist.fail(host, self._rng.random())
                     _err(f"elastic: host {host} blacklisted" + ("" if seconds == float("inf") else

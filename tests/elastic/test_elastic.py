@@ -122,11 +122,17 @@ def test_reset_limit_and_no_hosts_left(tmp_path):
                        str(WORKER), "--log", str(log), "--fail", "0,2,1,raise"])
     assert proc.returncode == 1
     assert "mlslrun: job failed: the job has been reset 1 times, more than --reset-limit 0" in proc.stderr
-    # every worker fails (each start rank 0, on both hosts, in turn): no host is left
-    proc, _ = mlslrun(["-np", "1", "--min-np", "1", "--max-np", "1", "-H", "localhost:1,127.0.0.1:1", PYTHON,
-                       str(WORKER), "--log", str(tmp_path / "log2.jsonl"), "--fail", "0,1,0,exit,always"])
+    # a worker on each host fails, the others survive: both hosts are blacklisted, none is left
+    proc, _ = mlslrun(["-np", "4", "--min-np", "1", "-H", "localhost:2,127.0.0.1:2", PYTHON, str(WORKER),
+                       "--log", str(tmp_path / "log2.jsonl"), "--fail", "0,1,0,raise", "--fail", "0,1,2,raise"])
     assert proc.returncode == 1, proc.stderr[-2000:]
-    assert "every host is blacklisted: no hosts are left" in proc.stderr
+    assert "job failed: one or more processes exited with non-zero status, and every host is blacklisted" in proc.stderr
+    # every worker of a generation fails (a cooldown would bring the hosts back): the job ends
+    proc, _ = mlslrun(["-np", "2", "--min-np", "1", "-H", "localhost:1,127.0.0.1:1", "--blacklist-cooldown-range",
+                       "1", "2", PYTHON, str(WORKER), "--log", str(tmp_path / "log3.jsonl"), "--fail", "0,1,0,raise",
+                       "--fail", "0,1,1,raise"])
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "every worker of generation 1 failed, none is left to carry the job on" in proc.stderr
 
 
 def test_too_few_slots_times_out(tmp_path):
@@ -164,16 +170,22 @@ def _kill_worker_on(host, generation, after_epoch, log, deadline_s=180):
 def _example(tmp_path, name, script, kill):
     log = tmp_path / f"{name}.jsonl"
     cmd = [PYTHON, "-m", "mlsl_tf.runner", "-np", "3", "--min-np", "2", "--max-np", "3",
-           "--host-discovery-script", str(script), "--blacklist-cooldown-range", "6", "8",
-           PYTHON, str(EXAMPLE), "--log", str(log)]
-    job = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-                           env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"})
-    try:
-        killed = _kill_worker_on("127.0.0.1", 1, 2, log) if kill else None
-        out, err = job.communicate(timeout=400)
-    finally:
-        if job.poll() is None:
-            job.kill()
+           "--host-discovery-script", str(script), "--blacklist-cooldown-range", "2", "3",
+           PYTHON, str(EXAMPLE), "--log", str(log), "--epochs", "14"]
+    err_path = tmp_path / f"{name}.stderr"
+    with open(err_path, "w") as err_file:
+        job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, cwd=ROOT,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}, start_new_session=True)
+        try:
+            killed = _kill_worker_on("127.0.0.1", 1, 2, log) if kill else None
+            job.wait(timeout=400)
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
+                job.wait()
+                lines = [line for line in err_path.read_text(errors="replace").splitlines() if "mlslrun" in line]
+                raise AssertionError(f"{name}: no end within 400 s:\n" + "\n".join(lines[-30:]))
+    err = err_path.read_text(errors="replace")
     assert job.returncode == 0, err[-3000:]
     return records(log), killed, err
 

@@ -3,7 +3,7 @@ under hvd.elastic.run with a TensorFlowKerasState and a commit every batch.
 
 Rank 0 appends JSON lines to --log: "resume" (the state a generation starts from), "commit" (epoch,
 batch, the weights' checksum), "done"; every rank appends "final" (its weights' checksum) at the
-end.  --fail EPOCH,BATCH,START_RANK,MODE[,always] makes the worker whose HOROVOD_RANK is START_RANK
+end.  --fail EPOCH,BATCH,START_RANK,MODE[,always] (repeatable) makes the worker whose HOROVOD_RANK is START_RANK
 fail there, in the first generation only unless `always`: MODE kill (SIGKILL itself), raise (an
 exception), or exit (sys.exit(3)).  A "resume" line also has the process's resident memory and
 thread count."""
@@ -28,7 +28,7 @@ p.add_argument("--log", required=True)
 p.add_argument("--epochs", type=int, default=3)
 p.add_argument("--batches", type=int, default=10)
 p.add_argument("--batch-seconds", type=float, default=0.0, help="sleep in each batch (a longer step)")
-p.add_argument("--fail", default="")
+p.add_argument("--fail", action="append", default=[], help="EPOCH,BATCH,START_RANK,MODE[,always] (repeatable)")
 args = p.parse_args()
 generation = int(os.environ.get("MLSL_TF_ELASTIC_GENERATION", "0"))
 start_rank = int(os.environ.get("HOROVOD_RANK", "-1"))
@@ -69,17 +69,19 @@ def checksum():
 
 
 optimizer.build(model.trainable_variables)
-fail = args.fail.split(",") if args.fail else None
+fails = [spec.split(",") for spec in args.fail]
 
 
 def maybe_fail(state):
-    if fail and (generation == 1 or fail[4:] == ["always"]) and (state.epoch, state.batch, start_rank) == (int(fail[0]), int(fail[1]), int(fail[2])):
-        log(every_rank=True, event="failing", mode=fail[3])
-        if fail[3] == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if fail[3] == "raise":
-            raise RuntimeError(f"start rank {start_rank} fails at epoch {state.epoch} batch {state.batch}")
-        raise SystemExit(3)
+    for fail in fails:
+        if (generation == 1 or fail[4:] == ["always"]) and \
+                (state.epoch, state.batch, start_rank) == (int(fail[0]), int(fail[1]), int(fail[2])):
+            log(every_rank=True, event="failing", mode=fail[3])
+            if fail[3] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            if fail[3] == "raise":
+                raise RuntimeError(f"start rank {start_rank} fails at epoch {state.epoch} batch {state.batch}")
+            raise SystemExit(3)
 
 
 @hvd.elastic.run
