@@ -171,7 +171,7 @@ test-ssh: venv lib
 	@if [ ! -x /usr/sbin/sshd ] || ! command -v ssh >/dev/null; then \
 	  apt-get update || true; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y openssh-server openssh-client; fi
-	PYTHONPATH=$(CURDIR) timeout -k 30 600 $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/ssh
+	PYTHONPATH=$(CURDIR) timeout -k 30 900 $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/ssh
 
 # Open MPI (Debian's packages): the ops built against it in $(OMPI_DIR) (its own objects and
 # _mlsl_tf.so; the default MPICH build in build/obj and mlsl_tf/_mlsl_tf.so is untouched),

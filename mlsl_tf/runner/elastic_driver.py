@@ -364,7 +364,9 @@ class Driver:
                 except HostsUnreachable as e:
                     _err(f"elastic: {e}")
                     for host in e.hosts:
-                        self.blacklist.fail(host, self._rng.random())
+                        seconds = self.blacklist.fail(host, self._rng.random())
+                        _err(f"elastic: host {host} blacklisted" + ("" if seconds == float("inf") else
+                             f" for {seconds:.1f} s of training") + " (unreachable)")
                     generation -= 1
                     continue
                 finally:

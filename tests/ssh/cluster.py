@@ -180,6 +180,27 @@ class SshCluster:
                 raise RuntimeError(f"sshd of {host_name(i)} did not start: {self.sshd_log(i).strip()}")
             time.sleep(0.05)
 
+    def stop_sshd(self, i):
+        """Stops host ``i``'s sshd (the host can no longer be reached through ssh)."""
+        proc = self.sshd[i]
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def start_sshd(self, i):
+        """Starts host ``i``'s sshd again, with the configuration it had."""
+        self._start_sshd(i, self.path(f"sshd_{host_name(i)}.conf"))
+        self._wait_listening(i)
+
+    def pids(self, i):
+        """The processes running in host ``i``'s namespace."""
+        out = subprocess.run(["ip", "netns", "pids", self.namespace(i)], capture_output=True, text=True,
+                             check=False).stdout
+        return [int(p) for p in out.split() if p.isdigit()]
+
     # -------------------------------------------------------------- use
 
     def sshd_log(self, i):
