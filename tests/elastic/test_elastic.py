@@ -66,24 +66,32 @@ def final_weights_agree(recs):
     return last
 
 
-@pytest.mark.parametrize("mode", ["kill", "raise", "exit"])
-def test_a_failed_worker_resets_the_job_onto_the_other_host(tmp_path, mode):
+# (mode, -H, the failing worker's start rank): SIGKILL on a host with a second worker, which is
+# reset and leaves with its host; an exception and sys.exit(3) on a host of its own.
+FAILURES = [("kill", "localhost:1,127.0.0.1:2", 2), ("raise", "localhost:1,127.0.0.1:1", 1),
+            ("exit", "localhost:1,127.0.0.1:1", 1)]
+
+
+@pytest.mark.parametrize("mode, hosts, failing", FAILURES, ids=[f[0] for f in FAILURES])
+def test_a_failed_worker_resets_the_job_onto_the_other_host(tmp_path, mode, hosts, failing):
     log = tmp_path / "log.jsonl"
-    proc, seconds = mlslrun(["-np", "4", "--min-np", "2", "-H", "localhost:2,127.0.0.1:2", PYTHON, str(WORKER),
-                             "--log", str(log), "--fail", f"1,3,3,{mode}"])
+    size = sum(int(h.split(":")[1]) for h in hosts.split(","))
+    proc, seconds = mlslrun(["-np", str(size), "--min-np", "1", "-H", hosts, PYTHON, str(WORKER),
+                             "--log", str(log), "--fail", f"1,3,{failing},{mode}"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     recs = records(log)
-    assert "elastic: rank 3 (host 127.0.0.1)" in proc.stderr and "host 127.0.0.1 blacklisted" in proc.stderr
+    assert f"elastic: rank {failing} (host 127.0.0.1)" in proc.stderr and "host 127.0.0.1 blacklisted" in proc.stderr
     resumes = [r for r in recs if r["event"] == "resume"]
     assert [(r["generation"], r["size"], r["hostname"], r["start_rank"], r["rendezvous"]) for r in resumes] == \
-        [(1, 4, "localhost", 0, 1), (2, 2, "localhost", 0, 2)]
+        [(1, size, "localhost", 0, 1), (2, 1, "localhost", 0, 2)]
     assert check_no_commit_lost(recs) == [1, 2]
     assert final_weights_agree(recs) == 2
     done = next(r for r in recs if r["event"] == "done")
-    assert (done["epoch"], done["batch"], done["size"]) == (3, 0, 2)
-    failing = next(r for r in recs if r["event"] == "failing")
+    assert (done["epoch"], done["batch"], done["size"]) == (3, 0, 1)
+    failing_at = next(r for r in recs if r["event"] == "failing")
     first_step = next(r for r in recs if r["generation"] == 2 and r["event"] == "commit")
-    print(f"\n{mode}: {first_step['time'] - failing['time']:.1f} s from the failure to the next step, job {seconds:.0f} s")
+    print(f"\n{mode}: {first_step['time'] - failing_at['time']:.1f} s from the failure to the next step, "
+          f"job {seconds:.0f} s")
 
 
 def test_hosts_added_then_removed_by_discovery(tmp_path):
@@ -171,7 +179,7 @@ def _example(tmp_path, name, script, kill):
     log = tmp_path / f"{name}.jsonl"
     cmd = [PYTHON, "-m", "mlsl_tf.runner", "-np", "3", "--min-np", "2", "--max-np", "3",
            "--host-discovery-script", str(script), "--blacklist-cooldown-range", "2", "3",
-           PYTHON, str(EXAMPLE), "--log", str(log), "--epochs", "14"]
+           PYTHON, str(EXAMPLE), "--log", str(log), "--epochs", "20"]
     err_path = tmp_path / f"{name}.stderr"
     with open(err_path, "w") as err_file:
         job = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err_file, cwd=ROOT,
