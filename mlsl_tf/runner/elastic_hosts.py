@@ -8,7 +8,7 @@ import dataclasses
 from typing import Iterable, Optional, Sequence
 
 from mlsl_tf.runner.config import HostSlots, UsageError
-from mlsl_tf.runner.hosts import parse_hosts
+from mlsl_tf.runner.hosts import allocate, parse_hosts
 
 # Horovod's HostUpdateResult: what changed, as bit flags the workers OR together.
 NO_UPDATE, REMOVED, ADDED = 0, 1, 2
@@ -91,14 +91,8 @@ def order_hosts(available: Sequence[HostSlots], keep_first: Sequence[str]) -> tu
 def plan_generation(available: Sequence[HostSlots], max_np: Optional[int]) -> tuple[HostSlots, ...]:
     """The hosts and ranks of the next generation: hosts filled in order up to ``max_np`` ranks
     (None: every slot)."""
-    out, left = [], sum(h.slots for h in available) if max_np is None else max_np
-    for h in available:
-        if left == 0:
-            break
-        n = min(h.slots, left)
-        out.append(HostSlots(h.host, n))
-        left -= n
-    return tuple(out)
+    total = world_size(available)
+    return allocate(total if max_np is None else min(max_np, total), available)
 
 
 def world_size(hosts: Sequence[HostSlots]) -> int:

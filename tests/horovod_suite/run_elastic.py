@@ -10,7 +10,9 @@ test folder.  Flavours:
   (none)   the data scripts as Horovod ships them, under Keras 2 (TF_USE_LEGACY_KERAS=1): Horovod
            0.28.1 ran them on TensorFlow 2.15, whose tf.keras was Keras 2;
   +keras3  the data scripts ported to Keras 3 (PORTS: TF1's ConfigProto session set-up dropped,
-           `optimizer.lr` spelled `learning_rate`), under TensorFlow 2.21's Keras 3.
+           `optimizer.lr` spelled `learning_rate`), under TensorFlow 2.21's Keras 3;
+  +keras2_ported  the same ported scripts under Keras 2 (tf_keras): the Keras elastic callbacks
+           and KerasState on the Keras that Horovod's script was written for.
 Explained failures (EXPLAINED) are reported as such, not as passes."""
 
 import argparse
@@ -26,8 +28,11 @@ import time
 
 HERE = pathlib.Path(__file__).resolve().parent
 FILES = ("test_elastic_tensorflow2.py", "test_elastic_tensorflow2.py+keras3",
-         "test_elastic_tensorflow_keras.py", "test_elastic_tensorflow_keras.py+keras3")
-FLAVOURS = {"": {"TF_USE_LEGACY_KERAS": "1"}, "keras3": {}}
+         "test_elastic_tensorflow_keras.py", "test_elastic_tensorflow_keras.py+keras3",
+         "test_elastic_tensorflow_keras.py+keras2_ported")
+# flavour -> (environment, whether the data scripts are ported)
+FLAVOURS = {"": ({"TF_USE_LEGACY_KERAS": "1"}, False), "keras3": ({}, True),
+            "keras2_ported": ({"TF_USE_LEGACY_KERAS": "1"}, True)}
 # data script -> (pattern, replacement) applied for the keras3 flavour
 PORTS = {
     "elastic_tensorflow2_main.py": [(r"optimizer\.lr\.assign\(", "optimizer.learning_rate.assign(")],
@@ -51,6 +56,8 @@ EXPLAINED = {
     ("test_elastic_tensorflow2.py", "", "test_resurrecting_blacklisted_hosts_exponential_backoff"): _RESURRECT,
     ("test_elastic_tensorflow2.py", "keras3", "test_resurrecting_blacklisted_hosts_exponential_backoff"): _RESURRECT,
     ("test_elastic_tensorflow_keras.py", "keras3", "test_resurrecting_blacklisted_hosts_exponential_backoff"):
+    _RESURRECT,
+    ("test_elastic_tensorflow_keras.py", "keras2_ported", "test_resurrecting_blacklisted_hosts_exponential_backoff"):
     _RESURRECT,
 }
 
@@ -90,13 +97,14 @@ def run_file(test_dir: pathlib.Path, entry: str, out_dir: pathlib.Path, timeout:
         shutil.copytree(test_dir / "integration", work / "integration")
         shutil.copytree(test_dir / "utils", work / "utils")
         shutil.copy(test_dir / "conftest.py", work / "conftest.py")
-        if flavour == "keras3":
+        env_extra, ported = FLAVOURS[flavour]
+        if ported:
             port(work / "integration")
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join([str(HERE / "alias"), str(work / "utils"), env.get("PYTHONPATH", "")])
         env["PATH"] = os.pathsep.join([str(pathlib.Path(sys.executable).parent), env.get("PATH", "")])
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        env.update(FLAVOURS[flavour])
+        env.update(env_extra)
         tag = f".{flavour}" if flavour else ""
         junit = out_dir / f"{pathlib.Path(test_file).stem}{tag}.xml"
         log = out_dir / f"{pathlib.Path(test_file).stem}{tag}.log"
