@@ -131,7 +131,7 @@ def test_reset_limit_and_no_hosts_left(tmp_path):
     assert proc.returncode == 1
     assert "mlslrun: job failed: the job has been reset 1 times, more than --reset-limit 0" in proc.stderr
     # a worker on each host fails, the others survive: both hosts are blacklisted, none is left
-    proc, _ = mlslrun(["-np", "4", "--min-np", "1", "-H", "localhost:2,127.0.0.1:2", PYTHON, str(WORKER),
+    proc, _ = mlslrun(["-np", "3", "--min-np", "1", "-H", "localhost:2,127.0.0.1:1", PYTHON, str(WORKER),
                        "--log", str(tmp_path / "log2.jsonl"), "--fail", "0,1,0,raise", "--fail", "0,1,2,raise"])
     assert proc.returncode == 1, proc.stderr[-2000:]
     assert "job failed: one or more processes exited with non-zero status, and every host is blacklisted" in proc.stderr
