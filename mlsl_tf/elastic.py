@@ -267,10 +267,10 @@ class _Reset:
 
     def __init__(self, state, link):
         self.state, self.link = state, link
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
 
     def __call__(self, why):
-        with self._lock:  # the link's thread and the training thread may both come here
+        with self._guard:  # the link's thread and the training thread may both come here
             path = elastic_link.state_path(rank())
             payload = self.state._committed
             saved = None

@@ -79,11 +79,11 @@ class Server:
         self._sock.bind((bind, 0))
         self._sock.listen(256)
         self.port = self._sock.getsockname()[1]
-        self._lock = threading.Lock()
+        self._guard = threading.Lock()
         self._workers: dict = {}   # (generation, rank) -> socket
         self._announced: dict = {}  # generation -> what was broadcast (replayed to workers connecting later)
         self.events: list = []
-        self._wake = threading.Condition(self._lock)
+        self._wake = threading.Condition(self._guard)
         self._closed = False
         threading.Thread(target=self._accept, name="elastic-accept", daemon=True).start()
 
@@ -115,7 +115,7 @@ class Server:
                             return
                         who = (message.get("type"), int(message["generation"]), int(message["rank"]))
                         if who[0] == "worker":
-                            with self._lock:
+                            with self._guard:
                                 self._workers[who[1:]] = conn
                                 late = list(self._announced.get(who[1], ()))
                             for data in late:
@@ -127,18 +127,18 @@ class Server:
         finally:
             if who is not None:
                 if who[0] == "worker":
-                    with self._lock:
+                    with self._guard:
                         self._workers.pop(who[1:], None)
                 self._post(who[1], who[2], f"{who[0]}_closed", {})
             conn.close()
 
     def _post(self, generation: int, rank: int, kind: str, data: dict) -> None:
-        with self._lock:
+        with self._guard:
             self.events.append((generation, rank, kind, data))
             self._wake.notify_all()
 
     def take_events(self, timeout: float) -> list:
-        with self._lock:
+        with self._guard:
             if not self.events:
                 self._wake.wait(timeout)
             out, self.events = self.events, []
@@ -146,7 +146,7 @@ class Server:
 
     def broadcast(self, generation: int, message: dict, skip: Sequence[int] = ()) -> None:
         data = (json.dumps(message) + "\n").encode()
-        with self._lock:
+        with self._guard:
             self._announced.setdefault(generation, []).append(data)
             targets = [s for (g, r), s in self._workers.items() if g == generation and r not in skip]
         for s in targets:
