@@ -32,13 +32,12 @@ from typing import Callable, Optional, Sequence
 from mlsl_tf.runner import elastic_hosts as eh
 from mlsl_tf.runner.config import EnvSpec, HostSlots, RunConfig, UsageError
 from mlsl_tf.runner.hosts import format_hosts
+from mlsl_tf.runner.worker_env import LAYOUT_ENV, RESET_EXIT_CODE
 
 DISCOVER_HOSTS_FREQUENCY_S = 1.0   # how often the discovery script runs (Horovod's default)
 DISCOVERY_TIMEOUT_S = 30.0         # a discovery script that takes longer has failed
 SURVIVOR_GRACE_S = 30.0            # after peer_lost: how long survivors get to leave before a stop
 POLL_S = 0.05
-LAYOUT_ENV = "MLSL_TF_ELASTIC_LAYOUT"   # JSON [[host, start rank], ...] by rank (task.py reads it)
-RESET_EXIT_CODE = 75                    # elastic_link.RESET_EXIT_CODE (the worker's side)
 LOCAL_NAMES = ("localhost", "127.0.0.1", "::1")
 
 
@@ -208,8 +207,7 @@ class Driver:
         self.resets = 0
         self.stopping: Optional[int] = None  # the signal mlslrun received
         self._rng = random.Random()
-        self._last_discovery = (-1e9, ())
-        self.log = []  # (time, event, details) for --verbose and the tests
+        self._last_discovery = -1e9  # when discovery last ran
 
     # -- hosts ---------------------------------------------------------------------------------
     def discover(self) -> tuple[HostSlots, ...]:
@@ -280,7 +278,6 @@ class Driver:
                 if lost_at is None and self._is_loss(end):
                     lost_at = self.now()
                     why = self._describe(rank, end)
-                    self.log.append((time.time(), "lost", {"generation": generation, "rank": rank, "why": why}))
                     _err(f"elastic: {why}; resetting the other workers")
                     self.server.broadcast(generation, {"type": "peer_lost", "reason": why}, skip=(rank,))
             code = job.poll()
@@ -319,20 +316,18 @@ class Driver:
         """Polls discovery (every DISCOVER_HOSTS_FREQUENCY_S); tells the workers when the next
         generation would differ from this one.  Returns the host set last announced."""
         t = self.now()
-        if t - self._last_discovery[0] < DISCOVER_HOSTS_FREQUENCY_S:
+        if t - self._last_discovery < DISCOVER_HOSTS_FREQUENCY_S:
             return notified
+        self._last_discovery = t
         try:
             usable = self.usable_hosts()
         except (RuntimeError, UsageError) as e:
             _err(f"warning: {e}")
-            self._last_discovery = (t, ())
             return notified
-        self._last_discovery = (t, usable)
         proposed = eh.plan_generation(eh.order_hosts(usable, [h.host for h in hosts]), self.el.max_np)
         kind = eh.update_kind(hosts, proposed)
         if kind == eh.NO_UPDATE or eh.world_size(proposed) < self.el.min_np or proposed == notified:
             return notified
-        self.log.append((time.time(), "hosts_updated", {"generation": generation, "result": kind}))
         if self.cfg.verbose:
             _err(f"elastic: hosts changed: {format_hosts(proposed)}; the workers reset at their next commit")
         self.server.broadcast(generation, {"type": "hosts_updated", "timestamp": time.time(), "result": kind})
@@ -353,8 +348,6 @@ class Driver:
                 generation += 1
                 address = driver_address([h.host for h in hosts])
                 cfg = self.generation_config(generation, hosts, resume, address)
-                self.log.append((time.time(), "start", {"generation": generation,
-                                                        "hosts": format_hosts(hosts)}))
                 if self.cfg.verbose or generation > 1:
                     _err(f"elastic: generation {generation} on {format_hosts(hosts)} ({eh.world_size(hosts)} workers)")
                 status_dir = tempfile.mkdtemp(prefix="mlslrun-status-")
@@ -394,7 +387,6 @@ class Driver:
                 if saved:  # rank 0 of the next generation on the host of the commit file
                     previous = [saved[0][1].host] + [h for h in previous if h != saved[0][1].host]
                 self.resets += 1
-                self.log.append((time.time(), "reset", {"generation": generation, "failed_hosts": failed}))
                 if self.el.reset_limit is not None and self.resets > self.el.reset_limit:
                     _err(f"job failed: the job has been reset {self.resets} times, more than --reset-limit "
                          f"{self.el.reset_limit}")

@@ -67,10 +67,6 @@ from mlsl_tf.runner import child as child_process  # noqa: E402
 from mlsl_tf.runner import output, placement, pmi_relay, rank_status, worker_env  # noqa: E402
 
 
-ELASTIC_DRIVER_ENV = "MLSL_TF_ELASTIC_DRIVER"  # elastic_link.DRIVER_ENV
-ELASTIC_GENERATION_ENV = "MLSL_TF_ELASTIC_GENERATION"
-ELASTIC_LAYOUT_ENV = "MLSL_TF_ELASTIC_LAYOUT"  # elastic_driver.LAYOUT_ENV
-ELASTIC_RESET_EXIT_CODE = 75  # elastic_link.RESET_EXIT_CODE: the command left for a reset
 
 
 def _horovod_env(rank: int, num_proc: int, host: str) -> dict:
@@ -78,7 +74,7 @@ def _horovod_env(rank: int, num_proc: int, host: str) -> dict:
     elastic driver's layout (the host as the discovery script named it, the slot's first rank),
     else this rank's number and this machine's name."""
     try:
-        layout = worker_env.rank_layout(json.loads(os.environ[ELASTIC_LAYOUT_ENV]))[rank]
+        layout = worker_env.rank_layout(json.loads(os.environ[worker_env.LAYOUT_ENV]))[rank]
     except (KeyError, ValueError, IndexError, TypeError):
         return {"HOROVOD_RANK": str(rank), "HOROVOD_SIZE": str(num_proc), "HOROVOD_HOSTNAME": host}
     return worker_env.horovod_env(layout)
@@ -90,14 +86,14 @@ class _DriverLine:
 
     def __init__(self, rank: int, host: str):
         self.sock = None
-        address = os.environ.get(ELASTIC_DRIVER_ENV)
+        address = os.environ.get(worker_env.DRIVER_ENV)
         if not address:
             return
         try:
             addr, port, token = address.rsplit(":", 2)
             self.sock = socket.create_connection((addr, int(port)), timeout=30)
             self._send({"type": "wrapper", "token": token, "rank": rank, "host": host, "pid": os.getpid(),
-                        "generation": int(os.environ.get(ELASTIC_GENERATION_ENV, "0"))})
+                        "generation": int(os.environ.get(worker_env.GENERATION_ENV, "0"))})
         except (OSError, ValueError) as e:
             _warn(f"rank {rank}: cannot reach the elastic driver at {address}: {e}")
             self.sock = None
@@ -214,7 +210,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if ns.status_dir is not None:
         _write_status(ns.status_dir, status)
     driver.ended(status.wrapper_exit_code)
-    if status.failed and not (driver.sock is not None and status.exitcode == ELASTIC_RESET_EXIT_CODE):
+    if status.failed and not (driver.sock is not None and status.exitcode == worker_env.RESET_EXIT_CODE):
         print(f"mlslrun: {status.describe()}", file=sys.stderr, flush=True)
     return status.wrapper_exit_code
 

@@ -5,6 +5,13 @@ elastic driver's layout (MLSL_TF_ELASTIC_LAYOUT) or, on a fixed job, the rank al
 
 from typing import Mapping, Sequence
 
+# The elastic driver's variables the wrapper reads (mlsl_tf/elastic_link.py has the worker's copies:
+# runner/ and the package import nothing of each other) and a worker's exit code for a reset.
+DRIVER_ENV = "MLSL_TF_ELASTIC_DRIVER"          # host:port:token of elastic mlslrun's server
+GENERATION_ENV = "MLSL_TF_ELASTIC_GENERATION"  # 1, 2, ...: which set of workers this is
+LAYOUT_ENV = "MLSL_TF_ELASTIC_LAYOUT"          # JSON [[host, start rank], ...] by rank
+RESET_EXIT_CODE = 75                           # the command left for a reset
+
 
 def rank_layout(slots: Sequence[tuple[str, int]]) -> list[dict]:
     """Horovod's per-worker numbers for a generation (``slots``: (host, start rank) per rank):
