@@ -17,6 +17,7 @@ test can check that no commit was lost.
 
 import argparse
 import json
+import math
 import os
 import time
 
@@ -75,9 +76,20 @@ def shard():
 state = hvd.elastic.KerasState(model, optimizer, batch=0, epoch=0)
 
 
+def learning_rate():
+    """base_lr times the workers now, decayed over the epochs trained (a cosine to 0 at the
+    last): where the job ends does not depend on the size it ran at last."""
+    return base_lr * hvd.size() * 0.5 * (1 + math.cos(math.pi * state.epoch / args.epochs))
+
+
 def on_reset():
     """After a reset the world size may differ: scale the learning rate again."""
-    optimizer.learning_rate.assign(base_lr * hvd.size())
+    optimizer.learning_rate.assign(learning_rate())
+
+
+class DecayLearningRate(keras.callbacks.Callback):
+    def on_epoch_begin(self, epoch, logs=None):
+        optimizer.learning_rate.assign(learning_rate())
 
 
 state.register_reset_callbacks([on_reset])
@@ -93,6 +105,7 @@ callbacks = [
     hvd.callbacks.MetricAverageCallback(),
     hvd.elastic.UpdateEpochStateCallback(state),
     hvd.elastic.UpdateBatchStateCallback(state),
+    DecayLearningRate(),
     LogCommits(state, batches_per_commit=args.batches_per_commit),
 ]
 

@@ -264,8 +264,8 @@ class Adasum : public Algorithm {
     const int64_t esize = int64_t(DataTypeSize(m.dtype));
     for (size_t i = 0; i < m.shapes.size(); ++i) {
       const int64_t count = NumElements(m.shapes[i]);
-      // A failed allocation leaves zeroed scratch: the input still goes in, so the others' results are right.
-      AllocOrScratch(r, int(i), m.shapes[i], size_t(count * esize), &scratch_[i], &error_, &outs_[i]);
+      // A failed allocation leaves scratch to point into; the Scheduler then fails every rank.
+      AllocOrScratch(r, int(i), m.shapes[i], size_t(count * esize), &scratch_[i], &local_failure_, &outs_[i]);
       const void* src = r ? r->inputs[i].data : nullptr;
       vectors_.push_back(std::make_unique<AdasumVector>(outs_[i], src, r ? m.prescale : 1.0, count, m.dtype, rank,
                                                         size, piece));
@@ -285,12 +285,12 @@ class Adasum : public Algorithm {
     vectors_[t]->PieceDone(int(index - first_[t]));
   }
   Status Finish() override {
-    if (error_.ok() && r_) {
+    if (r_) {
       for (size_t i = 0; i < outs_.size(); ++i) {
         ScaleInPlace(outs_[i], NumElements(m_.shapes[i]), m_.dtype, m_.postscale);
       }
     }
-    return error_;
+    return Status::Ok();
   }
 
  private:
@@ -306,7 +306,6 @@ class Adasum : public Algorithm {
   std::vector<int64_t> first_;  // the request's index of each tensor's first piece
   int64_t total_ = 0;
   size_t current_ = 0;
-  Status error_;
 };
 
 }  // namespace

@@ -76,7 +76,7 @@ class Alltoall : public Algorithm {
     }
     staged_[j] = Piece();
   }
-  Status Finish() override { return error_; }
+  Status Finish() override { return Status::Ok(); }
 
  private:
   struct Piece {
@@ -102,10 +102,10 @@ class Alltoall : public Algorithm {
     for (size_t i = 0; i < all.size(); ++i) all[i] = matrix_[i] * row_bytes_;
     Shape shape = m_.shapes[0];
     shape[0] = rows;
-    AllocOrScratch(r_, 0, shape, size_t(recv_at), &scratch_, &error_, &out_);
+    AllocOrScratch(r_, 0, shape, size_t(recv_at), &scratch_, &local_failure_, &out_);
     if (r_) {
       void* splits = nullptr;
-      AllocOrScratch(r_, 1, Shape{n_}, size_t(n_) * 4, &splits_scratch_, &error_, &splits);
+      AllocOrScratch(r_, 1, Shape{n_}, size_t(n_) * 4, &splits_scratch_, &local_failure_, &splits);
       for (int i = 0; i < n_; ++i) static_cast<int32_t*>(splits)[i] = int32_t(matrix_[size_t(i) * n_ + rank_]);
     }
     pieces_ = PiecesFor(all, q_);
@@ -120,7 +120,6 @@ class Alltoall : public Algorithm {
   std::vector<Piece> staged_;
   void* out_ = nullptr;
   std::vector<char> scratch_, splits_scratch_;
-  Status error_;
 };
 
 }  // namespace

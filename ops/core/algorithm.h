@@ -32,6 +32,13 @@ class Algorithm {
   virtual void PieceDone(int index) = 0;
   // Every piece has completed: the outputs are made final (scaling). Returns the request's Status.
   virtual Status Finish() = 0;
+  // An output this rank could not allocate (made, or by its last Next): ok while none. The peers
+  // cannot know it, so the Scheduler starts nothing more here and the owner fails the collective
+  // on every rank; the algorithm's pieces keep writing into scratch until then.
+  const Status& local_failure() const { return local_failure_; }
+
+ protected:
+  Status local_failure_;
 };
 
 // The algorithm of m's op, for a rank of `size` ranks (request null: this rank has joined and
@@ -61,8 +68,9 @@ std::unique_ptr<Algorithm> MakeBarrier();
 std::unique_ptr<Algorithm> MakeFailed(const Status& s);
 
 // Helpers for the algorithm files.
-// r's output `index` allocated with `shape`; a failure (or a null buffer) is kept in *error
-// and *data points into `fallback` instead, so this rank still takes part in every piece.
+// r's output `index` allocated with `shape` (Request::Output); a failure (or a null buffer) is
+// kept in *error -- an algorithm's local_failure_ -- and *data points into `fallback` instead,
+// so nothing this rank has posted writes through a null pointer.
 void AllocOrScratch(Request* r, int index, const Shape& shape, size_t bytes, std::vector<char>* fallback,
                     Status* error, void** data);
 // A reducescatter's split of the agreed shape's `rows` rows (of `row` elements each) among `size`

@@ -164,6 +164,8 @@ class Engine {
   // closed) when an entry's id is not one of this rank's ready requests.
   bool Eager(const Local& l) const;
   int64_t FillEager(std::vector<uint64_t>* region);
+  // l's outputs (Request::Output); false, with failure_ noted, when one cannot be allocated.
+  bool AllocateOutputs(const Local& l);
   bool FinishEager(const std::vector<uint64_t>& region, std::vector<int32_t>* ids);
   void FinishOneEager(const EagerEntry& e, Local* l);
 
@@ -187,7 +189,7 @@ class Engine {
   bool drain_ = false;       // this cycle takes no new requests (to forget names when all is quiet)
   uint64_t next_drain_ = 0, drain_until_ = 0;
   bool stopping_ = false;
-  std::string failure_;      // this rank's first failed transfer, "" while none
+  std::string failure_;      // this rank's first failed transfer or allocation, "" while none
   bool closed_ = false;
   std::string closed_reason_;
   StatusCode closed_code_ = StatusCode::kAborted;

@@ -25,6 +25,7 @@ void Engine::BeginCycle() {
   m.announces = false;
   m.busy = !AllIdle();
   m.waits = !pending_.empty() || join_;
+  m.wanted_eager = FillEager(&m.eager);  // first: it notes an output this rank cannot allocate
   NoteFailure();
   m.failed = !failure_.empty();
   m.stalled = m.past_limit = false;
@@ -46,7 +47,6 @@ void Engine::BeginCycle() {
     if (groups_[g]->member()) m.units_done[g] = groups_[g]->scheduler->completed_prefix();
   }
   m.fingerprint = coordinator_.fingerprint();
-  m.wanted_eager = FillEager(&m.eager);
   m.Encode(&words_);
   cycle_started_ = now_;
   Communicator* control = control_comm_ ? control_comm_.get() : comm_.get();

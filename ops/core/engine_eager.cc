@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <new>
 #include <vector>
 
 #include "eager.h"
@@ -39,6 +40,9 @@ int64_t Engine::FillEager(std::vector<uint64_t>* region) {
   std::sort(ready.begin(), ready.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (const auto& [id, l] : ready) {
     const RequestMeta& m = l->meta;
+    // Its output first: one this rank cannot allocate fails the allreduce on every rank -- noted
+    // before this cycle's message goes out (the cycle's failed flag), and it stays out of it.
+    if (!failure_.empty() || !AllocateOutputs(*l)) continue;
     const size_t esize = DataTypeSize(m.dtype);
     const int64_t count = Elements(m), bytes = count * int64_t(esize);
     char* data = static_cast<char*>(PutEager(region->data(), end, &at, id, m.dtype, m.reduce_op, count));
@@ -54,6 +58,25 @@ int64_t Engine::FillEager(std::vector<uint64_t>* region) {
   // so a pause between two steps does not cost the next step its ride.
   if (pending_.empty()) return eager_words_;
   return wanted ? wanted + 1 : 0;
+}
+
+bool Engine::AllocateOutputs(const Local& l) {
+  Request* r = l.request.get();
+  for (size_t i = 0; i < r->inputs.size(); ++i) {
+    void* out = nullptr;
+    Status s;
+    try {
+      s = r->Output(int(i), r->inputs[i].shape, &out);
+      if (!s.ok()) s = Status::Internal("could not allocate its output: " + s.message());
+    } catch (const std::bad_alloc&) {
+      s = Status::Internal("out of memory on this rank");
+    }
+    if (!s.ok()) {
+      failure_ = "rank " + std::to_string(rank_) + ": allreduce '" + ShownName(l.meta.name) + "' failed: " + s.message();
+      return false;
+    }
+  }
+  return true;
 }
 
 bool Engine::FinishEager(const std::vector<uint64_t>& region, std::vector<int32_t>* ids) {
@@ -87,7 +110,7 @@ void Engine::FinishOneEager(const EagerEntry& e, Local* l) {
   for (size_t i = 0; i < r->inputs.size() && s.ok(); ++i) {
     const int64_t count = NumElements(r->inputs[i].shape);
     void* out = nullptr;
-    s = r->allocate_output(int(i), r->inputs[i].shape, &out);
+    s = r->Output(int(i), r->inputs[i].shape, &out);
     if (s.ok() && count) {
       std::memcpy(out, src, size_t(count) * esize);
       ScaleInPlace(out, count, meta.dtype, post);

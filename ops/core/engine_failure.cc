@@ -1,5 +1,6 @@
-// Engine: a transfer that failed on one rank -- noted in this rank's control message, every
-// rank's failure line gathered, and every engine closed naming them (engine.h, step 2b).
+// Engine: a transfer or an output allocation that failed on one rank -- noted in this rank's
+// control message, every rank's failure line gathered, and every engine closed naming them
+// (engine.h, step 2b).
 #include <string>
 
 #include "engine.h"
@@ -32,8 +33,8 @@ void Engine::CloseOnFailures() {
   }
   // The failing rank's peers go on waiting for messages it will never send: the collectives of
   // every rank fail, the peers' as caused by another rank.
-  Close("mlsl_tf: a transfer failed on one rank, so the ranks' messages are out of step and no collective can "
-        "complete: " + lines,
+  Close("mlsl_tf: a collective failed on one rank (a transfer, or an output it could not allocate), so the ranks' "
+        "messages are out of step and no collective can complete: " + lines,
         failure_.empty() ? StatusCode::kUnavailable : StatusCode::kAborted);
 }
 

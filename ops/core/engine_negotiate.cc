@@ -99,7 +99,7 @@ void Engine::ChangeGroups(const RequestMeta& meta, Request* mine) {
   if (status.ok() && meta.op == OpType::kRemoveGroup) result = meta.root;
   if (!mine) return;
   void* out = nullptr;
-  if (status.ok()) status = mine->allocate_output(0, Shape{}, &out);
+  if (status.ok()) status = mine->Output(0, Shape{}, &out);
   if (status.ok() && out) *static_cast<int32_t*>(out) = result;
   Finish(meta.name, status);
 }

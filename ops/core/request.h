@@ -6,6 +6,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "status.h"
@@ -35,9 +36,33 @@ struct Request {
 
   // Allocates output `index` with `shape` (dtype as the request's, except alltoall's output 1,
   // the int32 received splits, and join's output 0, an int32 scalar). Called by the background
-  // thread before `done`.
+  // thread before `done`, through Output, never twice for one index.
   std::function<Status(int index, const Shape& shape, void** data)> allocate_output;
   std::function<void(const Status&)> done;
+
+  // Output `index`: allocated on the first call, the same buffer after (a small allreduce's
+  // output is allocated before it rides in a control message, and again asked for if it is
+  // reduced by the scheduler instead). A failure is returned every time; a null buffer for
+  // bytes that exist is a failure.
+  Status Output(int index, const Shape& shape, void** data) {
+    if (size_t(index) < outputs_.size() && outputs_[index].first) {
+      *data = outputs_[index].second;
+      return Status::Ok();
+    }
+    *data = nullptr;
+    Status s = allocate_output(index, shape, data);
+    if (s.ok() && !*data && NumElements(shape) > 0) s = Status::Internal("output allocation returned null");
+    if (!s.ok()) {
+      *data = nullptr;
+      return s;
+    }
+    if (outputs_.size() <= size_t(index)) outputs_.resize(size_t(index) + 1, {false, nullptr});
+    outputs_[index] = {true, *data};
+    return s;
+  }
+
+ private:
+  std::vector<std::pair<bool, void*>> outputs_;  // (allocated, buffer) per index
 };
 
 }  // namespace mlsl

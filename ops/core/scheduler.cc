@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <new>
 
 #include "memory.h"
 #include "reduce.h"
@@ -34,7 +35,6 @@ struct Scheduler::Work {
   std::vector<float> res_in, res_out;  // error feedback: the parts' residuals, packed like buf
   int64_t total = 0, next = 0;  // elements
   int outstanding = 0, chunks = 0;
-  Status status;
   Clock::time_point first_start;
   // Cut in pieces (every collective but a chunked allreduce): the algorithm is made on first start.
   bool piecewise = false;
@@ -146,8 +146,11 @@ void Scheduler::Prepare(Work* w) {
     if (!p.request) continue;
     for (size_t i = 0; i < p.request->inputs.size(); ++i) {
       void* out = nullptr;
-      Status s = p.request->allocate_output(int(i), p.request->inputs[i].shape, &out);
-      if (!s.ok()) w->status = s;
+      Status s = p.request->Output(int(i), p.request->inputs[i].shape, &out);
+      if (!s.ok()) {
+        FailHere(*w, Status::WithCode(s.code(), "could not allocate its output: " + s.message()));
+        return;
+      }
       // A fresh output (not the forwarded input) is not touched yet: let it fault in huge pages.
       if (out && out != p.request->inputs[i].data) AdviseHugePages(out, NumElements(p.request->inputs[i].shape) * esize);
       p.outputs.push_back(out);
@@ -156,7 +159,7 @@ void Scheduler::Prepare(Work* w) {
     if (timeline_->enabled()) timeline_->Span(p.name, "queue", "queue", p.agreed, w->first_start);
   }
   bool direct = w->parts.size() == 1 && w->parts[0].request && w->parts[0].outputs.size() == 1 &&
-                w->status.ok() && (w->parts[0].outputs[0] || w->total == 0);
+                (w->parts[0].outputs[0] || w->total == 0);
   if (direct) {
     w->buf = static_cast<char*>(w->parts[0].outputs[0]);
   } else {
@@ -257,7 +260,12 @@ size_t Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_don
     if (!w->algo) {
       Part& p = w->parts[0];
       int64_t piece = std::max<int64_t>(1, std::min(options_.chunk_bytes, comm_->max_message_bytes()));
+      starting_ = w;
       w->algo = MakeAlgorithm(w->meta, p.request, joined, comm_->rank(), comm_->size(), piece);
+      if (!w->algo->local_failure().ok()) {
+        FailHere(*w, LocalFailure(w->algo->local_failure()));
+        return queue_.size();
+      }
       w->prepared = true;
       w->first_start = Now();
       if (p.request) {
@@ -294,6 +302,7 @@ void Scheduler::StartPiece(size_t at) {
   if (slot) {
     unit->error = w->algo->Next(slot, &unit->op, &sync, &unit->bytes);
     if (unit->error.ok() && !unit->op) unit->error = Status::Internal("an algorithm piece started nothing");
+    if (!w->algo->local_failure().ok()) FailHere(*w, LocalFailure(w->algo->local_failure()));
   } else {
     unit->error = slot_error_;
   }
@@ -306,14 +315,33 @@ void Scheduler::StartPiece(size_t at) {
 
 void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
   if (common_done == UINT64_MAX) common_done = completed_prefix_;
-  if (!failure_.ok()) return;  // out of step with the peers: the owner closes
-  while (started_ < limit && !queue_.empty()) {
+  starting_ = nullptr;
+  try {
+    StartUnits(limit, joined, common_done);
+  } catch (const std::bad_alloc&) {
+    // Buffers, scratch, the units' own bookkeeping: this rank's alone, as a failed output is.
+    const Status s = Status::Internal("out of memory on this rank");
+    if (starting_) FailHere(*starting_, s);
+    else failure_ = s;
+  }
+  starting_ = nullptr;
+}
+
+Status Scheduler::LocalFailure(const Status& s) {
+  return Status::WithCode(s.code(), "could not allocate its output: " + s.message());
+}
+
+void Scheduler::StartUnits(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
+  // A failure here is out of step with the peers: nothing more starts, the owner closes.
+  while (failure_.ok() && started_ < limit && !queue_.empty()) {
     const size_t at = Startable(joined, common_done);  // the one walk: `at` stays head's place
     if (at == queue_.size()) break;
     Work* head = queue_[at].get();
+    starting_ = head;
     if (!head->prepared) {
       Fuse(head);  // takes only works behind head out of the queue
       Prepare(head);
+      if (!failure_.ok()) return;
     }
     if (last_started_ && last_started_ != head && last_started_->unfinished()) {
       stats_->Preemption();
@@ -384,12 +412,15 @@ void Scheduler::Progress() {
   }
 }
 
-void Scheduler::Broke(size_t i, const Status& s) {
-  const Work& w = *inflight_[i]->work;
+void Scheduler::FailHere(const Work& w, const Status& s) {
   if (failure_.ok()) {
     failure_ = Status::WithCode(s.code(), std::string(OpTypeName(w.meta.op)) + " '" + ShownName(w.label()) +
                                               "' failed: " + s.message());
   }
+}
+
+void Scheduler::Broke(size_t i, const Status& s) {
+  FailHere(*inflight_[i]->work, s);
   broken_.push_back(std::move(inflight_[i]));
   inflight_.erase(inflight_.begin() + i);
 }
@@ -403,17 +434,15 @@ void Scheduler::Finalize(Work* w) {
   const double post = w->chunked ? 1.0 : PostFactor(*w);  // an allreduce's chunks scaled their own results
   for (Part& p : w->parts) {
     if (!p.request) continue;
-    if (w->status.ok()) {
-      char* src = w->buf + p.offset * esize;
-      int64_t n = 0;
-      for (size_t i = 0; i < p.request->inputs.size(); ++i) {
-        int64_t count = NumElements(p.request->inputs[i].shape);
-        ScaleInPlace(src + n * esize, count, w->meta.dtype, post);
-        if (count && p.outputs[i] != src + n * esize) std::memcpy(p.outputs[i], src + n * esize, count * esize);
-        n += count;
-      }
+    char* src = w->buf + p.offset * esize;
+    int64_t n = 0;
+    for (size_t i = 0; i < p.request->inputs.size(); ++i) {
+      int64_t count = NumElements(p.request->inputs[i].shape);
+      ScaleInPlace(src + n * esize, count, w->meta.dtype, post);
+      if (count && p.outputs[i] != src + n * esize) std::memcpy(p.outputs[i], src + n * esize, count * esize);
+      n += count;
     }
-    if (w->status.ok() && !w->res_in.empty()) {
+    if (!w->res_in.empty()) {
       auto& kept = residuals_[p.name];
       kept.first.assign(w->res_in.begin() + p.offset, w->res_in.begin() + p.offset + p.count);
       kept.second.assign(w->res_out.begin() + p.offset, w->res_out.begin() + p.offset + p.count);
@@ -423,7 +452,7 @@ void Scheduler::Finalize(Work* w) {
       timeline_->Instant(p.name, "done", "queue", done);
       timeline_->HorovodOp(p.name, OpTypeName(w->meta.op), p.agreed, w->first_start, done);
     }
-    p.finish(w->status);
+    p.finish(Status::Ok());
   }
   spare_.Give(std::move(w->own));
   Retire(w);
@@ -431,7 +460,6 @@ void Scheduler::Finalize(Work* w) {
 
 void Scheduler::FinishPieces(Work* w) {
   Status s = w->algo->Finish();
-  if (!w->status.ok()) s = w->status;
   Part& p = w->parts[0];
   if (timeline_->enabled() && p.request) {
     const auto done = Now();

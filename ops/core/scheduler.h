@@ -14,7 +14,9 @@
 // same units in the same order. Every part finishes exactly once.
 //
 // A unit that fails here (its transfer's Test, or its start, returns an error) is this rank's
-// alone: the peers go on waiting for its messages. The scheduler then keeps the unit -- its
+// alone: the peers go on waiting for its messages. So is an output or buffer this rank cannot
+// allocate (Request::Output fails, or std::bad_alloc while starting units): the peers would
+// return success for a collective that fails here. The scheduler then keeps the unit -- its
 // transfers and the work whose buffers they use -- and starts nothing more; the work does not
 // finish. failure() says what failed, and the owner (the Engine) closes every rank, which fails
 // the work through FailAll; nothing a transfer may still write is released before the
@@ -115,6 +117,12 @@ class Scheduler {
   void Finalize(Work* w);
   // inflight_[i] failed with s: kept in broken_, noted in failure_.
   void Broke(size_t i, const Status& s);
+  // Notes "<op> '<name>' failed: <s>" as failure_ (the first failure only).
+  void FailHere(const Work& w, const Status& s);
+  // An output the algorithm could not allocate, as failure_'s reason.
+  static Status LocalFailure(const Status& s);
+  // StartUpTo's loop.
+  void StartUnits(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done);
   // What the result of w is multiplied by: postscale, and 1/size for an average.
   double PostFactor(const Work& w) const;
   // The communicator of in-flight slot i, made on first use: chunks in different slots never
@@ -138,6 +146,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Unit>> broken_;   // failed units: their transfers may still run
   Status failure_;
   Work* last_started_ = nullptr;
+  Work* starting_ = nullptr;  // inside StartUpTo: the work being made, prepared or started (named on bad_alloc)
   std::vector<std::unique_ptr<Communicator>> slots_;
   // Packed buffers (fused tensors, prescaled inputs), handed back when their work finishes.
   BufferPool spare_{8, size_t(64) << 20};

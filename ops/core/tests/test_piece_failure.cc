@@ -2,9 +2,14 @@
 // collectives run as point-to-point ring / all-to-all here) fails that collective on every rank
 // -- the failing rank's peers would otherwise wait for its messages forever -- names the
 // collective, the rank and the reason, closes every engine (later submissions fail at once) and
-// keeps the buffers a still-posted receive may write into alive.
+// keeps the buffers a still-posted receive may write into alive. So does an output that one
+// rank cannot allocate (a failed allocate_output, or std::bad_alloc), whichever collective,
+// fused or eager: no rank returns success for a collective that failed on another.
 #include <algorithm>
+#include <cstdio>
+#include <functional>
 #include <memory>
+#include <new>
 #include <string>
 #include <vector>
 
@@ -50,10 +55,14 @@ struct Engines {
                                                  &stats[r], options));
     }
   }
-  void Submit(int rank, Request req, Outcome* o) {
+  // fail: "" allocates every output; "status" fails this request's first allocation with a
+  // Status, "throw" throws std::bad_alloc from it.
+  void Submit(int rank, Request req, Outcome* o, const std::string& fail = "") {
     auto r = std::make_unique<Request>(std::move(req));
     const size_t esize = DataTypeSize(r->dtype);
-    r->allocate_output = [o, esize](int i, const Shape& s, void** data) {
+    r->allocate_output = [o, esize, fail](int i, const Shape& s, void** data) {
+      if (fail == "throw") throw std::bad_alloc();
+      if (fail == "status") return Status::Internal("no memory for " + std::to_string(NumElements(s)) + " elements");
       if (int(o->out.size()) <= i) o->out.resize(i + 1);
       o->out[i].assign(size_t(NumElements(s)) * std::max<size_t>(esize, 4), 0);
       *data = o->out[i].data();
@@ -206,4 +215,128 @@ TEST(piece_failure_in_a_group_closes_every_rank_the_non_member_too) {
     CHECK_CONTAINS(after.status.message(), what);
     CHECK(after.status.code() == (rank == 0 ? StatusCode::kAborted : StatusCode::kUnavailable));
   });
+}
+
+namespace {
+
+// Every rank's outcome of one collective whose output `rank` cannot allocate (fail: "status" or
+// "throw"), over a world without transfer faults; `make(r, x)` builds rank r's request over x.
+void CheckAllocationFailure(const std::string& label, int n, int failing, const std::string& fail,
+                            const EngineOptions& options, const std::function<Request(int, std::vector<float>&)>& make,
+                            const std::string& expect) {
+  auto world = std::make_shared<FakeWorld>(n);
+  Engines e(world, options);
+  std::vector<std::vector<float>> in(n);
+  std::vector<Outcome> first(n), later(n);
+  for (int r = 0; r < n; ++r) in[r].assign(3000, float(r + 1));
+  for (int r = 0; r < n; ++r) e.Submit(r, make(r, in[r]), &first[r], r == failing ? fail : "");
+  // Every rank's request finishes, none with success ...
+  CHECK(e.StepUntil([&] { return AllDone(first); }));
+  for (int r = 0; r < n; ++r) {
+    if (!first[r].done || first[r].status.ok() || first[r].status.message().find(expect) == std::string::npos) {
+      std::fprintf(stderr, "%s: rank %d done=%d: %s\n", label.c_str(), r, int(first[r].done),
+                   first[r].status.message().c_str());
+    }
+    CHECK(first[r].done && !first[r].status.ok());
+    // ... naming the rank, the collective and why
+    CHECK_CONTAINS(first[r].status.message(), expect);
+    CHECK(first[r].status.code() == (r == failing ? StatusCode::kAborted : StatusCode::kUnavailable));
+    CHECK(e.engines[r]->closed());
+  }
+  // The engines are closed: a later collective fails at once everywhere, never hangs.
+  for (int r = 0; r < n; ++r) e.Submit(r, make(r, in[r]), &later[r]);
+  for (int r = 0; r < n; ++r) CHECK(later[r].done && !later[r].status.ok());
+}
+
+}  // namespace
+
+TEST(alloc_failure_of_a_chunked_allreduce_output_fails_it_on_every_rank) {
+  EngineOptions options = Options();
+  options.scheduler.chunk_bytes = 4 * 1000;
+  for (const char* fail : {"status", "throw"}) {
+    const std::string reason = std::string(fail) == "status" ? "could not allocate its output: no memory for 3000"
+                                                             : "out of memory on this rank";
+    CheckAllocationFailure(std::string("allreduce/") + fail, 3, 1, fail, options,
+                           [](int, std::vector<float>& x) { return FloatAllreduce("grads", x); },
+                           "rank 1: allreduce 'grads' failed: " + reason);
+  }
+}
+
+TEST(alloc_failure_in_a_fused_allreduce_fails_every_part_on_every_rank) {
+  // Two small allreduces fused into one buffer; rank 0 cannot allocate the second's output.
+  EngineOptions options = Options();
+  options.scheduler.fusion_threshold = 1 << 20;
+  const int n = 2;
+  auto world = std::make_shared<FakeWorld>(n);
+  Engines e(world, options);
+  std::vector<std::vector<float>> a(n, std::vector<float>(100, 1.0f)), b(n, std::vector<float>(200, 2.0f));
+  std::vector<Outcome> oa(n), ob(n);
+  for (int r = 0; r < n; ++r) {
+    e.Submit(r, FloatAllreduce("a", a[r]), &oa[r]);
+    e.Submit(r, FloatAllreduce("b", b[r]), &ob[r], r == 0 ? "status" : "");
+  }
+  CHECK(e.StepUntil([&] { return AllDone(oa) && AllDone(ob); }));
+  for (int r = 0; r < n; ++r) {
+    // Fused or not, each part ends the same on both ranks, and 'b' fails on both.
+    CHECK(oa[r].status.ok() == oa[0].status.ok());
+    CHECK(!ob[r].status.ok());
+    CHECK_CONTAINS(ob[r].status.message(), "rank 0: allreduce '");
+    CHECK_CONTAINS(ob[r].status.message(), "could not allocate its output: no memory for 200");
+  }
+}
+
+TEST(alloc_failure_of_an_eager_allreduce_output_fails_it_on_every_rank) {
+  // Small enough to ride in the control message: its output is allocated before the message goes out.
+  EngineOptions options;
+  options.eager_bytes = 1 << 16;
+  options.scheduler.fusion_threshold = 0;
+  for (const char* fail : {"status", "throw"}) {
+    const std::string reason = std::string(fail) == "status" ? "could not allocate its output: no memory for 16"
+                                                             : "out of memory on this rank";
+    CheckAllocationFailure(std::string("eager/") + fail, 3, 2, fail, options,
+                           [](int, std::vector<float>& x) {
+                             Request r = FloatAllreduce("small", x);
+                             r.inputs[0].shape = {16};
+                             return r;
+                           },
+                           "rank 2: allreduce 'small' failed: " + reason);
+  }
+}
+
+TEST(alloc_failure_of_each_piecewise_collective_fails_it_on_every_rank) {
+  EngineOptions options = Options();
+  options.scheduler.chunk_bytes = 1000;  // several pieces each
+  struct Case {
+    const char* op;
+    std::function<Request(int, std::vector<float>&)> make;
+  };
+  auto base = [](const char* name, OpType op, std::vector<float>& x) {
+    Request r;
+    r.name = name;
+    r.op = op;
+    r.dtype = DataType::kFloat32;
+    r.inputs = {TensorInput{x.data(), {int64_t(x.size())}}};
+    return r;
+  };
+  std::vector<Case> cases = {
+      {"broadcast", [&](int, std::vector<float>& x) { return base("w", OpType::kBroadcast, x); }},
+      // allgather and alltoall allocate after their first piece exchanged the counts
+      {"allgather", [&](int, std::vector<float>& x) { return base("w", OpType::kAllgather, x); }},
+      {"alltoall", [&](int, std::vector<float>& x) { return base("w", OpType::kAlltoall, x); }},
+      {"reducescatter", [&](int, std::vector<float>& x) { return base("w", OpType::kReducescatter, x); }},
+      {"allreduce", [&](int, std::vector<float>& x) {  // Adasum: an algorithm in pieces too
+         Request r = base("w", OpType::kAllreduce, x);
+         r.reduce_op = ReduceOp::kAdasum;
+         return r;
+       }},
+  };
+  for (const Case& c : cases) {
+    for (const char* fail : {"status", "throw"}) {
+      const std::string reason = std::string(fail) == "status" ? "could not allocate its output: no memory for"
+                                                               : "out of memory on this rank";
+      const int n = std::string(c.op) == "allreduce" ? 4 : 3;  // Adasum: a power of two
+      CheckAllocationFailure(std::string(c.op) + "/" + fail, n, n - 1, fail, options, c.make,
+                             "rank " + std::to_string(n - 1) + ": " + c.op + " 'w' failed: " + reason);
+    }
+  }
 }
