@@ -45,13 +45,32 @@ def address(host):
     return f"{SUBNET}.{host + 1}"
 
 
-def setup_commands(prefix, hosts, rate, burst="256kb", latency="100ms"):
-    """The argv lists that build `hosts` namespaces on a bridge, each link limited to `rate`."""
+LAUNCHER_ADDRESS = f"{SUBNET}.254"  # this machine's own end on the bridge (launcher_interface)
+
+
+def launcher_interface(prefix):
+    """The interface by which the launcher's namespace reaches the hosts (an elastic mlslrun's
+    --network-interface: its workers connect back to it), unlimited."""
+    return f"v{prefix[len(NAME_PREFIX):][:6]}L"
+
+
+def setup_commands(prefix, hosts, rate, burst="256kb", latency="100ms", launcher=False):
+    """The argv lists that build `hosts` namespaces on a bridge, each link limited to `rate`;
+    with `launcher`, a link from the namespace this runs in into the bridge (launcher_interface,
+    LAUNCHER_ADDRESS: one such set of hosts at a time)."""
     br = bridge_namespace(prefix)
+    tag = prefix[len(NAME_PREFIX):][:6]
     cmds = [["ip", "netns", "add", br],
             ["ip", "-n", br, "link", "add", "br0", "type", "bridge"],
             ["ip", "-n", br, "link", "set", "br0", "up"]]
-    tag = prefix[len(NAME_PREFIX):][:6]
+    here, there = launcher_interface(prefix), f"v{tag}Lb"
+    cmds += [] if not launcher else [
+            ["ip", "link", "add", here, "type", "veth", "peer", "name", there],
+            ["ip", "link", "set", there, "netns", br],
+            ["ip", "addr", "add", f"{LAUNCHER_ADDRESS}/24", "dev", here],
+            ["ip", "link", "set", here, "up"],
+            ["ip", "-n", br, "link", "set", there, "master", "br0"],
+            ["ip", "-n", br, "link", "set", there, "up"]]
     for h in range(hosts):
         ns = host_namespace(prefix, h)
         end_host, end_bridge = f"v{tag}{h}h", f"v{tag}{h}b"  # <= 15 characters
@@ -73,10 +92,11 @@ def setup_commands(prefix, hosts, rate, burst="256kb", latency="100ms"):
     return cmds
 
 
-def teardown_commands(prefix, hosts):
+def teardown_commands(prefix, hosts, launcher=False):
     """Deleting a namespace deletes the veth ends in it (and so their peers)."""
     return [["ip", "netns", "delete", host_namespace(prefix, h)] for h in range(hosts)] + \
-           [["ip", "netns", "delete", bridge_namespace(prefix)]]
+           [["ip", "netns", "delete", bridge_namespace(prefix)]] + \
+           ([["ip", "link", "delete", launcher_interface(prefix)]] if launcher else [])  # if half made
 
 
 def enter_argv(prefix, ranks_per_host, python=sys.executable):
@@ -109,16 +129,16 @@ def cleanup_stale():
 class Hosts:
     """`hosts` emulated hosts, each link `rate` (None: unlimited), for a `with` block."""
 
-    def __init__(self, hosts, rate, ranks_per_host=1, burst="256kb", latency="100ms"):
+    def __init__(self, hosts, rate, ranks_per_host=1, burst="256kb", latency="100ms", launcher=False):
         if hosts < 1 or ranks_per_host < 1:
             raise ValueError("hosts and ranks_per_host must be >= 1")
         self.hosts, self.rate, self.ranks_per_host = hosts, rate, ranks_per_host
-        self.burst, self.latency = burst, latency
+        self.burst, self.latency, self.launcher = burst, latency, launcher
         self.prefix = f"{NAME_PREFIX}{uuid.uuid4().hex[:6]}"
 
     def __enter__(self):
         try:
-            for cmd in setup_commands(self.prefix, self.hosts, self.rate, self.burst, self.latency):
+            for cmd in setup_commands(self.prefix, self.hosts, self.rate, self.burst, self.latency, self.launcher):
                 subprocess.run(cmd, check=True, capture_output=True, text=True)
         except subprocess.CalledProcessError as e:
             self.close()
@@ -133,11 +153,15 @@ class Hosts:
         return False
 
     def close(self):
-        for cmd in teardown_commands(self.prefix, self.hosts):
+        for cmd in teardown_commands(self.prefix, self.hosts, self.launcher):
             subprocess.run(cmd, stderr=subprocess.DEVNULL, check=False)
 
     def enter(self, python=sys.executable):
         return enter_argv(self.prefix, self.ranks_per_host, python)
+
+    @property
+    def launcher_interface(self):
+        return launcher_interface(self.prefix)
 
     @staticmethod
     def env(base=None):

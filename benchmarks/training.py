@@ -23,6 +23,9 @@ Configurations (`--configs`, default all), each a separate job:
   priority      MLSL_TF_CROSS_ITERATION=0: priority order, update in the step
   overlap       the defaults: priority + cross-iteration overlap
   overlap_bf16  the defaults with DistributedOptimizer(compression=hvd.Compression.bf16)
+  overlap_elastic  the defaults under elastic mlslrun (-np N --min-np N -H localhost:N), the timed
+                fit inside hvd.elastic.run with KerasState and the elastic callbacks, a commit every
+                ELASTIC_BATCHES_PER_COMMIT batches (median step: between commits; mean: with them)
   overlap_tf_keras  the defaults under tf_keras (TF_USE_LEGACY_KERAS=1): model.fit of Keras 2 with
                 DistributedOptimizer over a tf_keras optimizer (no cross-iteration overlap there)
   horovod       Horovod 0.28.1 (--horovod-python; TF 2.15, tf.keras), same model and loop
@@ -70,6 +73,7 @@ import cpu_cost  # noqa: E402
 
 MODELS = ("resnet50", "vgg16", "transformer", "tiny")  # tiny: a small MLP for smoke tests
 CONFIGS = ("compute", "compute_tf_keras", "comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16",
+           "overlap_elastic",
            "overlap_tf_keras", "horovod", "horovod_compute", "mwms", "mwms_tf_keras", "mwms_compute")
 HOROVOD_CONFIGS = ("horovod", "horovod_compute")  # jobs run by Horovod's venv
 MWMS_CONFIGS = ("mwms", "mwms_tf_keras", "mwms_compute")  # one process per worker, TF_CONFIG (mwms.py)
@@ -84,7 +88,9 @@ CONFIG_ENV = {
 IMPL_OF = dict({c: "horovod" for c in HOROVOD_CONFIGS}, **{c: "mwms" for c in MWMS_CONFIGS})  # else mlsl_tf
 # The comm-alone job that is the link limit of a configuration, and its compute-alone job: the
 # same TensorFlow, Keras and training loop without the reduction (first one measured).
+ELASTIC_BATCHES_PER_COMMIT = 10
 LIMIT_OF = {"fifo": "comm", "priority": "comm", "overlap": "comm", "overlap_bf16": "comm_bf16",
+            "overlap_elastic": "comm",
             "overlap_tf_keras": "comm", "horovod": "comm", "mwms": "comm", "mwms_tf_keras": "comm"}
 COMPUTE_OF = {"horovod": ("horovod_compute", "compute"), "mwms": ("mwms_compute", "compute"),
               "overlap_tf_keras": ("compute_tf_keras", "compute"), "mwms_tf_keras": ("compute_tf_keras", "compute")}
@@ -199,15 +205,29 @@ def worker(ns):
         model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0, callbacks=callbacks)
         ends = []
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
-        hvd.allreduce(tf.constant(0.0), name="training.barrier")
-        cpu_before, kernel_before = thread_cpu(), cpu_cost.kernel_cpu()
+        timed_callbacks = [clock]
+        if ns.config == "overlap_elastic":  # what an elastic Horovod script adds to its fit
+            state = hvd.elastic.KerasState(model, opt, batch=0, epoch=0)
+            timed_callbacks += [hvd.elastic.UpdateBatchStateCallback(state),
+                                hvd.elastic.UpdateEpochStateCallback(state),
+                                hvd.elastic.CommitStateCallback(state, batches_per_commit=ELASTIC_BATCHES_PER_COMMIT)]
         counters = counters_before = None
-        if ns.impl == "mlsl_tf":
-            import mlsl_tf  # noqa: PLC0415 (the Horovod job has no mlsl_tf)
-            counters = mlsl_tf.stats
-            counters_before = counters()
-        start = time.perf_counter()
-        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
+
+        def timed(*_):
+            nonlocal counters, counters_before
+            hvd.allreduce(tf.constant(0.0), name="training.barrier")
+            cpu_kernel = thread_cpu(), cpu_cost.kernel_cpu()
+            if ns.impl == "mlsl_tf":
+                import mlsl_tf  # noqa: PLC0415 (the Horovod job has no mlsl_tf)
+                counters = mlsl_tf.stats
+                counters_before = counters()
+            start = time.perf_counter()
+            model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=timed_callbacks)
+            return start, cpu_kernel
+
+        # elastic: the state's first sync (a broadcast of the model) comes before the timed steps
+        start, (cpu_before, kernel_before) = hvd.elastic.run(timed)(state) if ns.config == "overlap_elastic" \
+            else timed()
         times = [b - a for a, b in zip([start] + ends[:-1], ends)]
         result = {"step_s": statistics.median(times[1:]), "mean_step_s": (ends[-1] - start) / steps,
                   "cpu_s_per_step": cpu_cost.per_step(thread_cpu(), cpu_before, steps),
@@ -275,7 +295,7 @@ def clean_env(extra):
     return env
 
 
-def job_argv(ns, model, config, enter, timeline=None, out_dir=None):
+def job_argv(ns, model, config, enter, timeline=None, out_dir=None, launcher_interface=None):
     """(argv, env) of one job run by a launcher (mlslrun, or Horovod's mpiexec)."""
     worker_args = ["--worker", "--model", model, "--config", config] + (["--steps", str(ns.steps)] if ns.steps else []) + \
         (["--out-dir", out_dir] if out_dir else []) + ["--np", str(ns.np)]  # the worker checks the ranks it sees
@@ -292,8 +312,12 @@ def job_argv(ns, model, config, enter, timeline=None, out_dir=None):
             worker_args + ["--impl", "horovod"]
         return argv, clean_env(extra)
     python = ns.python
-    argv = [python, "-m", "mlsl_tf.runner", "-np", str(ns.np), "--no-tag-output"] + enter + [python, os.path.abspath(__file__)] + \
-        worker_args
+    elastic = []
+    if config == "overlap_elastic":  # its workers connect back to mlslrun: from emulated hosts over the bridge
+        elastic = ["--min-np", str(ns.np), "-H", f"localhost:{ns.np}"] + \
+            (["--network-interface", launcher_interface] if launcher_interface else [])
+    argv = [python, "-m", "mlsl_tf.runner", "-np", str(ns.np), "--no-tag-output"] + elastic + enter + \
+        [python, os.path.abspath(__file__)] + worker_args
     env = clean_env(CONFIG_ENV.get(config, {}))
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     if timeline:
@@ -399,12 +423,12 @@ def cpu_totals(impl, ranks_cpu, kernel):
             "softirq_s_per_step": kernel.get("softirq_s", 0.0)}
 
 
-def links_context(link, np_):
+def links_context(link, np_, launcher=False):
     if link == "shm":
         import contextlib
         return contextlib.nullcontext(None)
     import hosts
-    return hosts.Hosts(np_, link)
+    return hosts.Hosts(np_, link, launcher=launcher)
 
 
 def orchestrate(ns):
@@ -423,7 +447,7 @@ def orchestrate(ns):
     for run in range(ns.runs):
         for model in ns.models:
             for link in ns.links:
-                with links_context(link, ns.np) as h:
+                with links_context(link, ns.np, launcher="overlap_elastic" in configs) as h:
                     enter = h.enter(ns.python) if h else []
                     order = configs if run % 2 == 0 else list(reversed(configs))
                     for config in order:
@@ -437,7 +461,8 @@ def orchestrate(ns):
                             procs = mwms_procs(ns, model, config, h, MWMS_PORT_BASE + jobs_started % 500, out_dir)
                         else:
                             argv, env = job_argv(ns, model, config, enter if config not in HOROVOD_CONFIGS or not h
-                                                 else h.enter(ns.horovod_python), tl, out_dir)
+                                                 else h.enter(ns.horovod_python), tl, out_dir,
+                                                 h.launcher_interface if h and h.launcher else None)
                             if h:
                                 env.update(h.env({}))
                             procs = [(argv, env)]
@@ -599,7 +624,8 @@ def two_steps(trace):
     return first[-4] - margin, first[-2] - margin
 
 
-TABLE_CONFIGS = (("overlap", "mlsl_tf"), ("overlap_bf16", "mlsl_tf bf16"), ("overlap_tf_keras", "mlsl_tf tf_keras"),
+TABLE_CONFIGS = (("overlap", "mlsl_tf"), ("overlap_bf16", "mlsl_tf bf16"), ("overlap_elastic", "mlsl_tf elastic"),
+                 ("overlap_tf_keras", "mlsl_tf tf_keras"),
                  ("horovod", "Horovod 0.28.1"), ("mwms", "MWMS Keras 3 loop"), ("mwms_tf_keras", "MWMS tf_keras fit"))
 CPU_CONFIGS = (("overlap", "mlsl_tf"), ("horovod", "Horovod"), ("mwms", "MWMS"), ("mwms_tf_keras", "MWMS tf_keras"))
 

@@ -84,6 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     el.add_argument("--blacklist-cooldown-range", dest="cooldown_range", type=float, nargs=2,
                     metavar=("LOW", "HIGH"), help="elastic: a host whose worker failed stays out for a time "
                     "drawn in [LOW, HIGH] s, doubled for each earlier failure (default: for good)")
+    el.add_argument("--network-interface", "--network-interfaces", dest="network_interface", metavar="NICS",
+                    help="elastic: the interface(s) whose address the workers reach mlslrun by, comma-separated, "
+                    "the first with an IPv4 address used (default: 127.0.0.1 when every host is this machine, "
+                    "else the route to the first other host)")
     for flag in ENV_FLAGS:
         p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help_text)
     p.add_argument("command", nargs=argparse.REMAINDER,
@@ -101,7 +105,7 @@ _VALUE_OPTIONS = frozenset({"-np", "--num-proc", "-H", "--hosts", "--hostfile", 
                             "--mpi-args", "-p", "--ssh-port", "-i", "--ssh-identity-file",
                             "--min-np", "--min-num-proc", "--max-np", "--max-num-proc",
                             "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout",
-                            "--reset-limit"}
+                            "--reset-limit", "--network-interface", "--network-interfaces"}
                            | {f.option for f in ENV_FLAGS})
 
 
@@ -166,7 +170,8 @@ def _elastic(ns: argparse.Namespace) -> Optional[ElasticConfig]:
     discovery script, --min-np or --max-np)."""
     if ns.discovery_script is None and ns.min_np is None and ns.max_np is None:
         for name, flag in (("slots_per_host", "--slots-per-host"), ("elastic_timeout", "--elastic-timeout"),
-                           ("reset_limit", "--reset-limit"), ("cooldown_range", "--blacklist-cooldown-range")):
+                           ("reset_limit", "--reset-limit"), ("cooldown_range", "--blacklist-cooldown-range"),
+                           ("network_interface", "--network-interface")):
             if getattr(ns, name) is not None:
                 raise UsageError(f"{flag} is for elastic jobs: add --host-discovery-script, --min-np or --max-np")
         return None
@@ -190,7 +195,17 @@ def _elastic(ns: argparse.Namespace) -> Optional[ElasticConfig]:
     return ElasticConfig(min_np=min_np, max_np=ns.max_np, discovery_script=ns.discovery_script,
                          slots_per_host=ns.slots_per_host or 1,
                          elastic_timeout=600.0 if ns.elastic_timeout is None else ns.elastic_timeout,
-                         reset_limit=ns.reset_limit, cooldown_range=cooldown)
+                         reset_limit=ns.reset_limit, cooldown_range=cooldown,
+                         network_interfaces=_interfaces(ns.network_interface))
+
+
+def _interfaces(text: Optional[str]) -> Optional[tuple[str, ...]]:
+    if text is None:
+        return None
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names:
+        raise UsageError(f"--network-interface: expected interface names, got {text!r}")
+    return names
 
 
 def _split_mpi_args(text: Optional[str]) -> list[str]:

@@ -44,6 +44,7 @@ class ElasticConfig:
     elastic_timeout: float = 600.0
     reset_limit: Optional[int] = None
     cooldown_range: Optional[tuple[float, float]] = None
+    network_interfaces: Optional[tuple[str, ...]] = None  # where the workers reach the driver (None: chosen)
 
 
 @dataclasses.dataclass(frozen=True)

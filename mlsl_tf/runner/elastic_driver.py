@@ -15,6 +15,7 @@ The job ends when a generation's workers all exit 0; it fails when too few hosts
 Why restart workers instead of shrinking MPI in place: docs/design.md (Elastic training)."""
 
 import dataclasses
+import fcntl
 import json
 import os
 import random
@@ -22,6 +23,7 @@ import secrets
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import tempfile
@@ -162,9 +164,28 @@ class Server:
             pass
 
 
-def driver_address(hosts: Sequence[str]) -> str:
-    """The address the workers reach this machine by: 127.0.0.1 when every host is this machine,
-    else the local address of the route to the first other host."""
+def interface_address(name: str) -> Optional[str]:
+    """The IPv4 address of this machine's interface ``name``; None when it has none (or no such
+    interface)."""
+    siocgifaddr = 0x8915
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            packed = fcntl.ioctl(s.fileno(), siocgifaddr, struct.pack("256s", name.encode()[:15]))
+    except OSError:
+        return None
+    return socket.inet_ntoa(packed[20:24])
+
+
+def driver_address(hosts: Sequence[str], interfaces: Optional[Sequence[str]] = None) -> str:
+    """The address the workers reach this machine by: that of the first of ``interfaces`` with
+    an IPv4 address (--network-interface; RuntimeError when none has one); else 127.0.0.1 when
+    every host is this machine, else the local address of the route to the first other host."""
+    if interfaces:
+        for name in interfaces:
+            address = interface_address(name)
+            if address:
+                return address
+        raise RuntimeError(f"--network-interface {','.join(interfaces)}: no IPv4 address on this machine")
     mine = {socket.gethostname(), socket.getfqdn(), *LOCAL_NAMES}
     for host in hosts:
         if host in mine:
@@ -346,7 +367,11 @@ class Driver:
                     _err(f"job failed: {e}")
                     return 1
                 generation += 1
-                address = driver_address([h.host for h in hosts])
+                try:
+                    address = driver_address([h.host for h in hosts], self.cfg.elastic.network_interfaces)
+                except RuntimeError as e:
+                    _err(f"job failed: {e}")
+                    return 1
                 cfg = self.generation_config(generation, hosts, resume, address)
                 if self.cfg.verbose or generation > 1:
                     _err(f"elastic: generation {generation} on {format_hosts(hosts)} ({eh.world_size(hosts)} workers)")

@@ -39,11 +39,24 @@ def test_flags_make_a_job_elastic():
     (["-np", "2", "--min-np", "1", "--blacklist-cooldown-range", "3", "1"], "0 <= LOW <= HIGH"),
     (["-np", "2", "--min-np", "1", "--elastic-timeout", "0"], "--elastic-timeout must be > 0"),
     (["-np", "2", "--min-np", "1", "--slots-per-host", "0"], "--slots-per-host must be >= 1"),
+    (["-np", "2", "--network-interface", "lo"], "--network-interface is for elastic jobs"),
+    (["-np", "2", "--min-np", "1", "--network-interface", ","], "expected interface names"),
 ])
 def test_bad_elastic_flags_are_named(argv, words):
     with pytest.raises(UsageError) as info:
         parse_args(argv + ["python", "t.py"])
     assert words in str(info.value)
+
+
+def test_network_interface_gives_the_driver_address():
+    from mlsl_tf.runner import elastic_driver
+    cfg = parse_args(["-np", "2", "--min-np", "1", "--network-interface", "nosuch0, lo", "python", "t.py"])
+    assert cfg.elastic.network_interfaces == ("nosuch0", "lo")
+    # the first interface with an IPv4 address, whatever the hosts are
+    assert elastic_driver.driver_address(["far.example"], cfg.elastic.network_interfaces) == "127.0.0.1"
+    with pytest.raises(RuntimeError, match="--network-interface nosuch0: no IPv4 address"):
+        elastic_driver.driver_address(["localhost"], ("nosuch0",))
+    assert elastic_driver.driver_address(["localhost", "127.0.0.1"]) == "127.0.0.1"  # chosen: all local
 
 
 def test_discovery_output():

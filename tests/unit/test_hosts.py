@@ -23,6 +23,17 @@ def test_setup_builds_a_bridge_and_one_limited_link_per_host():
         assert f"ip netns exec {ns} tc qdisc add dev eth0 root tbf rate 2gbit burst 256kb latency 100ms" in flat
     assert all(len(c[c.index("add") + 1]) <= 15 for c in cmds if c[:3] == ["ip", "link", "add"])  # IFNAMSIZ
     assert not any("tc" in c for c in hosts.setup_commands("mlslhx", 2, None))  # no rate: no limit
+    assert not any("10.77.0.254/24" in c for c in cmds)  # the launcher's link only when asked for
+
+
+def test_launcher_link_reaches_the_bridge_from_here():
+    flat = [" ".join(c) for c in hosts.setup_commands("mlslhab12cd", 2, "2gbit", launcher=True)]
+    assert hosts.launcher_interface("mlslhab12cd") == "vab12cdL"
+    assert "ip link add vab12cdL type veth peer name vab12cdLb" in flat
+    assert "ip addr add 10.77.0.254/24 dev vab12cdL" in flat  # this namespace's end, no tc on it
+    assert "ip -n mlslhab12cdbr link set vab12cdLb master br0" in flat
+    assert not any("tc" in c and "vab12cdL" in c for c in flat)
+    assert hosts.teardown_commands("mlslhab12cd", 2, launcher=True)[-1] == ["ip", "link", "delete", "vab12cdL"]
 
 
 def test_teardown_deletes_every_namespace():
