@@ -186,7 +186,13 @@ def main():
     p.add_argument("--horovod-python", help="the interpreter of a venv with Horovod 0.28.1 (with Gloo)")
     p.add_argument("--timeout", type=float, default=180, help="seconds a run may take before it counts as hung")
     p.add_argument("--resets", type=int, help="instead: the leak run, this many resets")
+    p.add_argument("--summarize", nargs="+", metavar="JSONL",
+                   help="instead: the fault matrix of the run lines in these files (runs of several sessions)")
     args = p.parse_args()
+    if args.summarize:
+        lines = [json.loads(line) for path in args.summarize for line in open(path) if line.strip()]
+        summarize([r for r in lines if "scenario" in r and "outcome" in r and "summary" not in r])
+        return 0
     if args.resets:
         gens = leak_run(args.resets, args.timeout * 10)
         if len(gens) > 1:
@@ -206,9 +212,17 @@ def main():
                 line = fault_run(library, scenario, args.timeout, args.horovod_python)
                 results.append(line)
                 print(json.dumps(line), flush=True)
-    for scenario in args.scenarios.split(","):
-        for library in libraries:
+    summarize(results)
+    return 0
+
+
+def summarize(results):
+    """Prints the fault matrix of `results` (run lines): one line per library and scenario."""
+    for scenario in dict.fromkeys(r["scenario"] for r in results):
+        for library in dict.fromkeys(r["library"] for r in results):
             rs = [r for r in results if r["library"] == library and r["scenario"] == scenario]
+            if not rs:
+                continue
 
             def med(key):
                 vals = [r[key] for r in rs if r.get(key) is not None]
@@ -218,7 +232,6 @@ def main():
                               "kill_to_next_step_s_median": med("kill_to_next_step_s"),
                               "kill_to_full_size_s_median": med("kill_to_full_size_s"),
                               "steps_lost_median": med("steps_lost")}), flush=True)
-    return 0
 
 
 if __name__ == "__main__":

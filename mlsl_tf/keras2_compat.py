@@ -144,7 +144,11 @@ def build_optimizer(optimizer, variables):
 
 
 def optimizer_built(optimizer):
-    """Whether the optimizer has state (slots, or steps taken)."""
+    """Whether the optimizer has state (slots, or steps taken); a LossScaleOptimizer's is its
+    inner optimizer's (the legacy one keeps no slots of its own)."""
+    inner = getattr(optimizer, "inner_optimizer", None)
+    if inner is not None and inner is not optimizer:
+        return optimizer_built(inner)
     if is_legacy_optimizer(optimizer):
         iterations = getattr(optimizer, "_iterations", None)
         return bool(optimizer._slots) or (iterations is not None and int(iterations.numpy()) > 0)
@@ -212,9 +216,11 @@ class _Keras2DistributedOptimizer:
         return helper
 
     def _mlsl_reduced_ids(self):
+        """id -> object of what compute_gradients / get_gradients reduced since the last apply:
+        the gradients, and (under "vars") the variables they belong to."""
         ids = self.__dict__.get("_mlsl_reduced")
         if ids is None:
-            ids = {}
+            ids = {"vars": {}}
             object.__setattr__(self, "_mlsl_reduced", ids)
         return ids
 
@@ -265,9 +271,10 @@ class _Keras2DistributedOptimizer:
         else:
             out = self._mlsl_aggregate(grads, variables)
         marks = self._mlsl_reduced_ids()
-        for g in out:
+        for g, v in zip(out, variables):
             if g is not None:
                 marks[id(g)] = g
+                marks["vars"][id(v)] = v
         return out
 
     def _mlsl_aggregate(self, grads, variables):
@@ -308,15 +315,20 @@ class _Keras2DistributedOptimizer:
     def apply_gradients(self, grads_and_vars, *args, **kwargs):
         grads_and_vars = list(grads_and_vars)
         marks = self._mlsl_reduced_ids()
-        object.__setattr__(self, "_mlsl_reduced", {})
+        object.__setattr__(self, "_mlsl_reduced", {"vars": {}})
         if not grads_and_vars:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)
         grads = [g for g, _ in grads_and_vars]
         variables = [v for _, v in grads_and_vars]
-        ours = [g is None or marks.get(id(g)) is g for g in grads]
-        if not all(ours):  # gradients of a plain tape: reduce (aggregate) them here
-            grads = self._mlsl_allreduce(grads, variables)
-            object.__setattr__(self, "_mlsl_reduced", {})
+        # A gradient this optimizer reduced, or one derived from it since (as Horovod's flag has
+        # it): LossScaleOptimizer unscales the reduced gradients into new tensors, a user may clip
+        # them between compute_gradients and apply_gradients. Reducing those again would make a
+        # Sum size^2 times the gradient.
+        ours = [g is None or marks.get(id(g)) is g or marks["vars"].get(id(v)) is v for g, v in zip(grads, variables)]
+        if not all(ours):  # gradients of a plain tape: reduce (aggregate) those here, only those
+            reduced = self._mlsl_allreduce([None if o else g for g, o in zip(grads, ours)], variables)
+            grads = [g if o else r for g, o, r in zip(grads, ours, reduced)]
+            object.__setattr__(self, "_mlsl_reduced", {"vars": {}})
             grads_and_vars = list(zip(grads, variables))
         if self._mlsl_passes <= 1:
             return super().apply_gradients(grads_and_vars, *args, **kwargs)

@@ -24,6 +24,7 @@ import numpy as np
 # "function" (a module-level callable), or a method's leading parameter names after self.
 BASE_OPTIMIZER = "keras.src.optimizers.base_optimizer.BaseOptimizer"
 BATCH_NORMALIZATION = "keras.layers.BatchNormalization"
+TF_VARIABLE = "keras.src.backend.tensorflow.core.Variable"
 PRIVATE_MEMBERS = (
     ("keras.src.optimizers.base_optimizer", "BaseOptimizer", "class", "install_apply_hook (patched)"),
     (BASE_OPTIMIZER, "_trainable_variables", "attribute", "trainable_variables"),
@@ -41,6 +42,8 @@ PRIVATE_MEMBERS = (
     (BATCH_NORMALIZATION, "_moments", ("inputs", "mask"), "BatchNormalizationMoments (overridden)"),
     (BATCH_NORMALIZATION, "_reduction_axes", "attribute", "BatchNormalizationMoments"),
     ("keras.src.backend.common.stateless_scope", "in_stateless_scope", "function", "computing_shapes_only"),
+    (TF_VARIABLE, "_value", "attribute", "resource_handle"),
+    ("keras.src.backend.common.variables", "AutocastScope", "class", "no_autocast"),
     ("keras.src.backend.common.symbolic_scope", "in_symbolic_scope", "function", "computing_shapes_only"),
 )
 
@@ -127,6 +130,20 @@ def iterations_variable(optimizer):
 
 def learning_rate_dtype(optimizer):
     return getattr(optimizer._learning_rate, "dtype", None) or keras.config.floatx()
+
+
+def resource_handle(var):
+    """The resource handle of the TensorFlow variable behind the Keras variable `var`. Not
+    `var.value.handle`: under a mixed-precision policy's autocast scope `value` is a cast tensor."""
+    return var._value.handle
+
+
+def no_autocast():
+    """A scope where Keras variables read as their own dtype: an optimizer update that runs
+    inside a layer's call under a mixed-precision policy (a deferred update applied on the
+    variable's first read) must not see its float32 variables cast to bfloat16 / float16."""
+    from keras.src.backend.common.variables import AutocastScope
+    return AutocastScope(None)
 
 
 def step_state_ids(optimizer):

@@ -311,14 +311,15 @@ class Deferral:
     def _update(self, grad, var):
         """The optimizer's update of `var` alone, as its apply() would make it."""
         opt = self.optimizer
-        with keras3_compat.step_values(opt, self.iteration, self.learning_rate), \
+        with keras3_compat.step_values(opt, self.iteration, self.learning_rate), keras3_compat.no_autocast(), \
                 _keras().name_scope(opt.name, caller=opt):
             keras3_compat.update_variable(opt, grad, var)
 
     def take_and_apply(self, var, record):
         """Waits for `var`'s reduced gradient, if one was started, and applies it."""
         with _busy(self), _not_recorded(), tf.name_scope("mlsl_deferred_update"):
-            found, grad = _ops().mlsl_take_result(var.value.handle, T=record.wire_dtype, shape=var.shape,
+            found, grad = _ops().mlsl_take_result(keras3_compat.resource_handle(var), T=record.wire_dtype,
+                                                  shape=var.shape,
                                                   tensor_name=record.name)
 
             def update():
@@ -366,7 +367,7 @@ class Deferral:
         compressed, _ = options.compression.compress(tf.convert_to_tensor(grad))
         prescale, postscale = options._scale_factors()
         _ops().mlsl_start_allreduce(
-            compressed, var.value.handle, reduce_op=options.op, prescale_factor=prescale,
+            compressed, keras3_compat.resource_handle(var), reduce_op=options.op, prescale_factor=prescale,
             postscale_factor=postscale, tensor_name=record.name, priority=record.priority,
             process_set_id=_group_id(options.process_set), wire_dtype=options.compression.wire)
         if not tf.executing_eagerly():

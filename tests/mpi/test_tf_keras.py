@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 import tf_keras
 
+import mlsl_tf
 import mlsl_tf.keras as hvd
 
 hvd.init()
@@ -65,6 +66,39 @@ def _assert_close(actual, expected, tol=1e-5):
     assert len(actual) == len(expected)
     for a, b in zip(actual, expected):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("wrapping", ["keras_wraps", "user_wraps"])
+def test_mixed_float16_loss_scaling_reduces_each_gradient_once(kind, wrapping):
+    """tf_keras under mixed_float16, both orders: compile wraps the DistributedOptimizer in a
+    LossScaleOptimizer, which unscales the reduced gradients into new tensors before applying
+    them; or the user passes DistributedOptimizer(LossScaleOptimizer(...)), as Horovod accepts.
+    Each gradient is reduced once per step (twice, a Sum would be size^2 x the gradient): with
+    op=Sum the weights follow one process at N x the learning rate on the global batch."""
+    from tf_keras import mixed_precision
+    previous = mixed_precision.global_policy()
+    mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = _data()
+        model, ref = _model(), _model()
+        initial = ref.get_weights()
+        inner = OPTIMIZERS[kind]()
+        if wrapping == "user_wraps":
+            inner = mixed_precision.LossScaleOptimizer(inner)
+        model.compile(optimizer=hvd.DistributedOptimizer(inner, op=hvd.Sum), loss="mse")
+        ref.compile(optimizer=OPTIMIZERS[kind](0.1 * N), loss="mse")
+        assert "LossScaleOptimizer" in type(model.optimizer).__name__
+        before = mlsl_tf.stats()["requests"]
+        model.fit(_shard(x), _shard(y), batch_size=B, epochs=1, shuffle=False, verbose=0)
+        assert mlsl_tf.stats()["requests"] - before == STEPS * len(model.trainable_variables)  # once each
+        ref.fit(x, y, batch_size=N * B, epochs=1, shuffle=False, verbose=0)
+        moved = max(float(np.max(np.abs(r - i))) for r, i in zip(ref.get_weights(), initial))
+        apart = max(float(np.max(np.abs(d - r))) for d, r in zip(model.get_weights(), ref.get_weights()))
+        assert moved > 0.05 and apart < 0.05 * moved, (apart, moved)
+        _assert_same_on_all_ranks(model.get_weights())
+    finally:
+        mixed_precision.set_global_policy(previous)
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))

@@ -67,6 +67,7 @@ def _tf_keras_new_optimizer(cls):
 INSTANCES = {
     keras3_compat.BASE_OPTIMIZER: _built_keras3_optimizer,
     keras3_compat.BATCH_NORMALIZATION: _built_keras3_batch_norm,
+    keras3_compat.TF_VARIABLE: lambda cls: keras.Variable(1.0),
     keras2_compat.LEGACY_SGD: _tf_keras_legacy_sgd,
     keras2_compat.NEW_OPTIMIZER: _tf_keras_new_optimizer,
 }
