@@ -1,6 +1,7 @@
 """Process-level API: init, shutdown and the rank/size queries, with Horovod's names."""
 
 import atexit
+import errno
 import json
 import logging
 import os
@@ -176,13 +177,20 @@ def start_timeline(file_path, mark_cycles=False):
     (flushed every few tens of ms) and complete after stop_timeline() or shutdown(). Another
     path closes the file being written and starts the new one; the same path again keeps
     writing it and only changes mark_cycles (CYCLE_START marks of every background cycle).
-    Raises NotInitializedError (a ValueError, as Horovod) before init(), and an OSError naming
-    the file when this rank cannot create it."""
+    Raises NotInitializedError (a ValueError, as Horovod) before init(), an OSError naming the
+    file when this rank cannot create or write it (an empty path: FileNotFoundError, as open),
+    and ValueError for a path with a NUL byte."""
     import ctypes
 
     lib = _library.c_api()
+    path = os.fsencode(file_path)
+    if b"\0" in path:  # the C string would end there: another file
+        raise ValueError(f"mlsl_tf.start_timeline: embedded null byte in the path {file_path!r}")
+    if not path:  # as open(''); stop_timeline() is how a timeline stops
+        raise FileNotFoundError(errno.ENOENT, "mlsl_tf.start_timeline: empty path (stop_timeline() stops a timeline)",
+                                file_path)
     os_error = ctypes.c_int(0)
-    rc = lib.mlsl_tf_start_timeline(os.fsencode(file_path), int(bool(mark_cycles)), ctypes.byref(os_error))
+    rc = lib.mlsl_tf_start_timeline(path, int(bool(mark_cycles)), ctypes.byref(os_error))
     if rc == -1:
         raise NotInitializedError(_library.last_error())
     if rc != 0:

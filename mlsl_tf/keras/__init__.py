@@ -16,7 +16,7 @@ from mlsl_tf.compression import Compression
 from mlsl_tf.functions import allgather_object, broadcast_object, broadcast_variables
 from mlsl_tf.groups import ProcessSet, add_process_set, global_process_set, remove_process_set
 from mlsl_tf.keras import callbacks, elastic
-from mlsl_tf.ops import (Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier, broadcast,
+from mlsl_tf.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier, broadcast,
                          grouped_allreduce, join, reducescatter)
 from mlsl_tf.optimizer import is_distributed
 from mlsl_tf.optimizers import DistributedOptimizer
@@ -75,7 +75,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
 
 
 __all__ = [
-    "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min",
+    "Adasum", "Average", "Compression", "DistributedGradientTape", "DistributedOptimizer", "Max", "Min",
     "PartialDistributedOptimizer", "ProcessSet", "Product", "Sum", "add_process_set", "global_process_set",
     "remove_process_set",
     "allgather", "allgather_object", "allreduce", "alltoall", "barrier", "broadcast", "broadcast_object",

@@ -490,14 +490,28 @@ def run_job(argv: Sequence[str], status_dir: str, num_proc: int,
 # main.
 
 
+def _not_a_directory(path: str) -> Optional[str]:
+    """The part of `path` that exists here and is not a directory (so no rank could make its
+    output directory under it), or None."""
+    at = path
+    while at and not os.path.lexists(at):
+        parent = os.path.dirname(at)
+        if parent == at:
+            return None
+        at = parent
+    return None if not at or os.path.isdir(at) else at
+
+
 def _read_hosts(cfg: RunConfig) -> Optional[tuple[HostSlots, ...]]:
     if cfg.hostfile is None:
         return cfg.hosts
     try:
-        with open(cfg.hostfile) as f:
+        with open(cfg.hostfile, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise UsageError(f"--hostfile {cfg.hostfile}: {e.strerror}") from None
+    except UnicodeDecodeError as e:
+        raise UsageError(f"--hostfile {cfg.hostfile}: not UTF-8 text (byte {e.start}: {e.reason})") from None
     return parse_hostfile(text, source=cfg.hostfile)
 
 
@@ -574,6 +588,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         return check_build()
     if cfg.output_filename is not None:
         cfg = dataclasses.replace(cfg, output_filename=os.path.abspath(cfg.output_filename))
+        blocked = _not_a_directory(cfg.output_filename)
+        if blocked:
+            _err(f"error: --output-filename {cfg.output_filename}: {blocked} is not a directory")
+            return EXIT_USAGE
     for name in missing_env(cfg, os.environ):
         _err(f"warning: -x {name}: {name} is not set here, so it is not passed")
     if cfg.elastic is not None:

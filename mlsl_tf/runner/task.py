@@ -160,7 +160,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     output_dir = None
     if ns.output_filename is not None:
         output_dir = os.path.join(ns.output_filename, output.rank_dir_name(rank, ns.num_proc))
-        os.makedirs(output_dir, exist_ok=True)
+        try:
+            os.makedirs(output_dir, exist_ok=True)
+        except OSError as e:  # e.g. a regular file on the path, on this host
+            _warn(f"--output-filename: cannot make {output_dir} on {socket.gethostname()}: {e.strerror}")
+            return 2
     if ns.status_dir is not None:
         _write_start_marker(ns.status_dir, rank, host)
         os.environ[rank_status.FAILURE_FILE_ENV] = rank_status.failure_path(ns.status_dir, rank)

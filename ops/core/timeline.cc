@@ -87,7 +87,12 @@ std::string Timeline::Open(const std::string& path, int rank, int* os_error) {
   Write("{\"name\": \"process_name\", \"ph\": \"M\", \"pid\": " + std::to_string(rank_) +
         ", \"args\": {\"name\": \"mlsl_tf rank " + std::to_string(rank_) +
         "\", \"start_time_since_epoch_in_micros\": " + std::to_string(origin_epoch_us_) + "}}");
-  Flush();   // the file is a valid (empty) trace at once
+  if (!Flush()) {  // the file is a valid (empty) trace at once, or this path cannot be written
+    const int e = errno;
+    if (os_error) *os_error = e;
+    return "mlsl_tf: rank " + std::to_string(rank) + " cannot write the timeline file '" + p + "': " +
+           std::strerror(e);
+  }
   return "";
 }
 
@@ -100,20 +105,23 @@ void Timeline::Close() {
   buffer_.clear();
 }
 
-void Timeline::Flush() {
-  if (fd_ < 0 || buffer_.empty()) return;
+bool Timeline::Flush() {
+  if (fd_ < 0 || buffer_.empty()) return true;
   last_flush_ = Clock::now();
   if (!WriteAt(fd_, buffer_ + kClosing, end_)) {
-    Log(LogLevel::kWarning, "mlsl_tf: writing the timeline '" + path_ + "' failed (" + std::strerror(errno) +
+    const int e = errno;
+    Log(LogLevel::kWarning, "mlsl_tf: writing the timeline '" + path_ + "' failed (" + std::strerror(e) +
                                 "); the timeline stops here");
     ::close(fd_);
     fd_ = -1;
     path_.clear();
     buffer_.clear();
-    return;
+    errno = e;
+    return false;
   }
   end_ += int64_t(buffer_.size());
   buffer_.clear();
+  return true;
 }
 
 void Timeline::MaybeFlush(Clock::time_point now) {

@@ -59,7 +59,9 @@ class Timeline {
   // Writes the buffered events when the last write is kFlushInterval old (and whenever 1 MiB
   // is buffered).
   void MaybeFlush(Clock::time_point now);
-  void Flush();
+  // Writes the buffered events; false (errno set, the file closed, a warning logged) when the
+  // write failed.
+  bool Flush();
   static constexpr std::chrono::milliseconds kFlushInterval{20};
 
  private:

@@ -2,6 +2,7 @@
 stop_timeline, a second start to another path, mark_cycles, '{rank}' paths and unwritable paths
 (the environment variables and init's errors: tests/unit/test_timeline_env.py)."""
 
+import errno
 import json
 import re
 import os
@@ -168,3 +169,21 @@ def test_unwritable_path_fails_on_the_writing_ranks_only(shared_dir):
     if RANK == 0:
         text = open(good).read()
         assert json.loads(text) and "tl.f.sum" in text and "tl.g.sum" not in text
+
+
+def test_paths_that_cannot_be_written_raise_on_every_writing_rank():
+    """/dev/full opens but takes no byte: the first write fails, and start_timeline says so
+    (it used to return with the timeline silently off); an empty path is open('')'s error, not a
+    silent stop; a NUL byte is refused, not cut (the C string would name another file)."""
+    if RANK == 0:
+        with pytest.raises(OSError, match="rank 0 cannot write the timeline file '/dev/full'") as info:
+            hvd.start_timeline("/dev/full")
+        assert info.value.errno == errno.ENOSPC
+    else:
+        hvd.start_timeline("/dev/full")  # rank 0 alone writes this path
+    with pytest.raises(FileNotFoundError, match="empty path"):
+        hvd.start_timeline("")
+    with pytest.raises(ValueError, match="embedded null byte"):
+        hvd.start_timeline("/tmp/a\0b.json")
+    hvd.stop_timeline()
+    collectives("tl.after_bad_paths")  # the job goes on

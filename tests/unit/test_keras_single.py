@@ -248,3 +248,17 @@ def test_horovod_names_at_top_level_and_in_keras():
     for name in ("BroadcastGlobalVariablesCallback", "MetricAverageCallback", "LearningRateWarmupCallback",
                  "LearningRateScheduleCallback", "BestModelCheckpoint"):
         assert issubclass(getattr(hvd.callbacks, name), keras.callbacks.Callback)
+
+
+def test_keras_namespace_has_adasum_for_its_optimizer():
+    """The README says mlsl_tf.keras' DistributedOptimizer takes op=hvd.Adasum: the name is there
+    and is the op's (Horovod's horovod.tensorflow.keras has it too)."""
+    import mlsl_tf
+    assert hvd.Adasum is mlsl_tf.Adasum and "Adasum" in hvd.__all__
+    opt = DistributedOptimizer(keras.optimizers.SGD(0.1), op=hvd.Adasum)
+    model = _model()
+    model.compile(optimizer=opt, loss="mse")
+    x, y = _data()
+    before = [w.copy() for w in model.get_weights()]
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    assert any(np.abs(a - b).max() > 0 for a, b in zip(model.get_weights(), before))

@@ -280,6 +280,22 @@ def test_bad_hostfile_names_the_line(capsys, tmp_path):
     assert code == 2 and "line 2" in err and "'many'" in err
 
 
+def test_non_utf8_hostfile_is_one_error_line(capsys, tmp_path):
+    hf = tmp_path / "hosts"
+    hf.write_bytes(b"localhost slots=2\n\xff\xfe\n")
+    code, _, err = run_main(capsys, "-np", "2", "--hostfile", str(hf), "python")
+    assert code == 2 and f"--hostfile {hf}: not UTF-8 text (byte 18" in err and "Traceback" not in err
+
+
+def test_output_filename_under_a_regular_file_is_one_error_line(capsys, tmp_path):
+    regular = tmp_path / "file"
+    regular.write_text("x")
+    for path in (regular, regular / "logs" / "deeper"):
+        code, _, err = run_main(capsys, "-np", "2", "--output-filename", str(path), "python", "-c", "pass")
+        assert code == 2 and f"mlslrun: error: --output-filename {path}: {regular} is not a directory" in err, err
+        assert "Traceback" not in err
+
+
 def test_srun_launcher_without_srun(capsys, monkeypatch):
     monkeypatch.setenv("PATH", "")
     code, _, err = run_main(capsys, "-np", "2", "--launcher", "srun", "python")
