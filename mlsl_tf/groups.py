@@ -172,16 +172,9 @@ def _add(process_set):
     if process_set.process_set_id is not None:
         raise ValueError(f"{process_set} is already registered")
     ranks = process_set.ranks
-    world = _world_size()
-    if not ranks:
-        raise ValueError("a group needs at least one rank")
-    outside = [r for r in ranks if not 0 <= r < world]
-    if outside:
-        raise ValueError(f"group ranks {outside} are outside the world of {world} ranks (0..{world - 1})")
-    # Every rank registers the same groups in the same order, so this check agrees on all ranks.
-    existing = _find_registered(ranks)
-    if existing is not None:
-        raise ValueError(f"a group of ranks {ranks} already exists: {existing}")
+    # No check of the ranks here: one rank's bad list (empty, outside the world, a group that
+    # exists) must fail the creation on every rank, and the core does that (its error names the
+    # rank and the reason); raised here, the other ranks would wait in the creation for this one.
     lib = _c_api()
     array = (ctypes.c_int * len(ranks))(*ranks)
     group_id = lib.mlsl_tf_add_group(array, len(ranks))
@@ -197,7 +190,9 @@ def remove_process_set(process_set):
     object registered with its id. Returns False for the global set (never removed), else True."""
     if isinstance(process_set, ProcessSet) and process_set.process_set_id is None:
         return False  # as Horovod: never registered, or removed already
-    group_id = _group_id_of(process_set)
+    # An id this rank does not know still goes to the core, which refuses it on every rank
+    # (ranks that name different sets are refused on every rank too, naming both ids).
+    group_id = _group_id_of(process_set, registered_here=False)
     if group_id == 0:
         return False
     _check_dynamic("remove_process_set")
@@ -211,7 +206,7 @@ def remove_process_set(process_set):
     return True
 
 
-def _group_id_of(process_set):
+def _group_id_of(process_set, registered_here=True):
     if isinstance(process_set, ProcessSet):
         if process_set.process_set_id is None:
             raise ValueError(f"{process_set} is not registered (create it with mlsl_tf.Group(ranks) or "
@@ -221,7 +216,7 @@ def _group_id_of(process_set):
         raise ValueError(f"expected a group (mlsl_tf.Group / ProcessSet) or its id, got {process_set!r}")
     else:
         group_id = process_set
-    if group_id != 0 and group_id not in _registered:
+    if registered_here and group_id != 0 and group_id not in _registered:
         raise ValueError(f"process set id {group_id} is not registered on this rank (known ids: "
                          f"{sorted([0] + list(_registered))})")
     return group_id

@@ -177,6 +177,7 @@ void Engine::Intake(std::unique_ptr<Request> r) {
   }
   if (!local.meta.compressed() || r->op != OpType::kAllreduce) local.meta.error_feedback = false;
   local.meta.local_error = ValidateLocally(*r, int(groups_[r->group]->ranks.size()));
+  if (local.meta.local_error.empty() && r->op == OpType::kAddGroup) local.meta.local_error = ExistingGroup(r->ranks);
   auto cached = cached_ids_.find(r->name);
   if (cached != cached_ids_.end() && local.meta.local_error.empty() && coordinator_.meta(cached->second) == local.meta) {
     local.state = Local::kReady;
@@ -192,6 +193,18 @@ void Engine::Finish(const std::string& name, const Status& s) {
   std::unique_ptr<Request> r = std::move(it->second.request);
   pending_.erase(it);
   r->done(s);
+}
+
+std::string Engine::ExistingGroup(const std::vector<int>& ranks) const {
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t g = 0; g < groups_.size(); ++g) {
+    if (groups_[g]->removed || groups_[g]->ranks != sorted) continue;
+    std::string list;
+    for (int r : sorted) list += (list.empty() ? "" : ", ") + std::to_string(r);
+    return "a group of ranks [" + list + "] already exists (process set id " + std::to_string(g) + ")";
+  }
+  return "";
 }
 
 void Engine::FinishJoin(int last_rank) {

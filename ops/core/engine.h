@@ -166,6 +166,8 @@ class Engine {
   int64_t FillEager(std::vector<uint64_t>* region);
   // l's outputs (Request::Output); false, with failure_ noted, when one cannot be allocated.
   bool AllocateOutputs(const Local& l);
+  // An add_group's ranks that a live group (the world included) already has: why, else "".
+  std::string ExistingGroup(const std::vector<int>& ranks) const;
   bool FinishEager(const std::vector<uint64_t>& region, std::vector<int32_t>* ids);
   void FinishOneEager(const EagerEntry& e, Local* l);
 

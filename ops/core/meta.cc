@@ -103,6 +103,9 @@ std::string RequestMeta::Difference(const RequestMeta& o) const {
   if (op == OpType::kBroadcast && root != o.root) {
     return "root_rank " + std::to_string(root) + " vs " + std::to_string(o.root);
   }
+  if (op == OpType::kRemoveGroup && root != o.root) {  // root holds the group's id
+    return "group id " + std::to_string(root) + " vs " + std::to_string(o.root);
+  }
   if (priority != o.priority) return "priority " + std::to_string(priority) + " vs " + std::to_string(o.priority);
   if (group != o.group) return "group " + std::to_string(group) + " vs " + std::to_string(o.group);
   if (wire != o.wire) return std::string("wire dtype ") + DataTypeName(wire) + " vs " + DataTypeName(o.wire);

@@ -88,7 +88,7 @@ def test_group_attributes(groups):
 
 
 def test_bad_ranks_are_rejected_on_every_rank():
-    with pytest.raises(ValueError, match="outside the world"):
+    with pytest.raises(ValueError, match="is out of range"):
         hvd.Group([0, N])
     with pytest.raises(ValueError, match="more than once"):
         hvd.Group([0, 0])
@@ -651,3 +651,27 @@ def test_groups_are_gone_after_shutdown_and_init(groups):
         total = hvd.allreduce(tf.constant(1.0), op=hvd.Sum, group=again, name="after.reinit")
         assert float(total) == again.size()
     assert hvd.remove_process_set(again)
+
+
+def test_a_group_bad_on_one_rank_only_is_refused_on_every_rank():
+    """The last rank asks for a rank outside the world, the others for group [0]: every rank
+    gets the error naming that rank (no rank waits in the creation for another), and the job
+    goes on."""
+    ranks = [0, N + 5] if R == N - 1 else [0]
+    with pytest.raises(ValueError, match=f"rank {N - 1}: group rank {N + 5} is out of range"):
+        hvd.add_process_set(ranks)
+    assert hvd.allreduce(tf.ones([2]), name="groups.after_bad_one", op=hvd.Sum).numpy().tolist() == [N, N]
+
+
+def test_removing_different_sets_is_refused_on_every_rank():
+    """Rank 0 removes one set, the others another: refused on every rank naming both ids (the
+    core used to remove rank 0's choice everywhere); both sets stay usable, then go."""
+    first, second = hvd.add_process_set([0]), hvd.add_process_set([N - 1])
+    mine = first if R == 0 else second
+    with pytest.raises(ValueError, match=f"group id {first.process_set_id} on rank 0 vs {second.process_set_id}"):
+        hvd.remove_process_set(mine)
+    for ps in (first, second):
+        if ps.included():
+            out = hvd.allreduce(tf.ones([1]), op=hvd.Sum, process_set=ps, name=f"groups.still.{ps.process_set_id}")
+            assert out.numpy().tolist() == [ps.size()]
+    assert hvd.remove_process_set(first) and hvd.remove_process_set(second)

@@ -46,11 +46,11 @@ def test_process_set_validation():
         hvd.ProcessSet([0, 1.0])
     with pytest.raises(ValueError, match=r"\[1\] appear more than once"):
         hvd.ProcessSet([1, 0, 1])
-    with pytest.raises(ValueError, match=r"ranks \[1\] are outside the world of 1 ranks"):
+    with pytest.raises(ValueError, match=r"rank 0: group rank 1 is out of range for 1 ranks"):
         hvd.Group([0, 1])
     with pytest.raises(ValueError, match="at least one rank"):
         hvd.add_process_set([])
-    with pytest.raises(ValueError, match=r"a group of ranks \[0\] already exists: .*process_set_id=0"):
+    with pytest.raises(ValueError, match=r"a group of ranks \[0\] already exists \(process set id 0\)"):
         hvd.Group([0])  # the world
 
 

@@ -128,8 +128,28 @@ TEST(groups_created_in_different_orders_fail_on_every_rank) {
   });
 }
 
+TEST(groups_that_exist_or_removals_that_differ_fail_on_every_rank) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    std::string err;
+    CHECK_EQ(AddGroup(rt, {0, 1, 2}, &err), -1);  // the world
+    CHECK_CONTAINS(err, "a group of ranks [0, 1, 2] already exists (process set id 0)");
+    const int a = AddGroup(rt, {0, 1}), b = AddGroup(rt, {1, 2});
+    CHECK_EQ(AddGroup(rt, rank == 1 ? std::vector<int>{0, 1} : std::vector<int>{0, 2}, &err), -1);
+    CHECK_CONTAINS(err, "rank 1: a group of ranks [0, 1] already exists (process set id 1)");
+    // Rank 0 removes a, the others b: refused everywhere, naming both ids; both stay.
+    auto f = Submit(rt, rt.GroupChange(OpType::kRemoveGroup, {}, rank == 0 ? a : b));
+    Result removed = Get(f);
+    CHECK(!removed.status.ok());
+    CHECK_CONTAINS(removed.status.message(), "group id " + std::to_string(a) + " on rank 0 vs " + std::to_string(b));
+    for (int g : {a, b}) {
+      auto again = Submit(rt, rt.GroupChange(OpType::kRemoveGroup, {}, g));
+      CHECK(Get(again).status.ok());
+    }
+  });
+}
+
 TEST(groups_removed_group_refuses_work) {
-  RunRanks(2, [](int rank, Runtime& rt) {
+  RunRanks(3, [](int rank, Runtime& rt) {
     int g = AddGroup(rt, {0, 1});
     auto f = Submit(rt, rt.GroupChange(OpType::kRemoveGroup, {}, g));
     CHECK(Get(f).status.ok());
