@@ -212,7 +212,7 @@ class Engine {
 
   std::deque<std::unique_ptr<Request>> inbox_;
   std::vector<std::unique_ptr<Group>> groups_;  // by id; [0] is the world
-  std::vector<std::unique_ptr<Group>> removed_groups_;  // kept while MPI may still use their buffers
+  std::vector<std::unique_ptr<Group>> removed_groups_;  // until quiescent: MPI may still use their buffers
   std::vector<uint64_t> foreign_;  // bit per collective id: it belongs to a group this rank is not in
   Coordinator coordinator_;
   std::map<std::string, Local> pending_;

@@ -141,12 +141,19 @@ Status Engine::RemoveGroup(int32_t id) {
                                          " was removed (the collective did not complete)"));
   }
   g.removed = true;
-  // The communicator and scheduler stay alive: MPI may still hold their buffers.
+  // The communicator and scheduler stay alive while MPI may still hold their buffers; those of
+  // removed groups that are quiescent are freed now (an MPI library has a few thousand
+  // communicator contexts: add/remove in a loop ran out of them).
   auto keep = std::make_unique<Group>();
   keep->own = std::move(g.own);
   keep->scheduler = std::move(g.scheduler);
   removed_groups_.push_back(std::move(keep));
   g.comm = nullptr;
+  removed_groups_.erase(std::remove_if(removed_groups_.begin(), removed_groups_.end(),
+                                       [](const std::unique_ptr<Group>& r) {
+                                         return !r->scheduler || r->scheduler->quiescent();
+                                       }),
+                        removed_groups_.end());
   return Status::Ok();
 }
 

@@ -97,7 +97,10 @@ class FakeWorld {
 
 class FakeCommunicator : public Communicator {
  public:
-  FakeCommunicator(std::shared_ptr<FakeWorld> world, int rank) : world_(std::move(world)), rank_(rank) {}
+  FakeCommunicator(std::shared_ptr<FakeWorld> world, int rank) : world_(std::move(world)), rank_(rank) { ++live_; }
+  ~FakeCommunicator() override { --live_; }
+  // How many fake communicators exist in this process (tests of communicators being freed).
+  static int live() { return live_.load(); }
   int rank() const override { return rank_; }
   int size() const override { return world_->size(); }
   Topology topology() const override;
@@ -120,6 +123,7 @@ class FakeCommunicator : public Communicator {
   std::unique_ptr<PendingOp> Start(FakeWorld::Part part);
   std::shared_ptr<FakeWorld> world_;
   const int rank_;
+  static inline std::atomic<int> live_{0};
   uint64_t seq_ = 0;
 };
 

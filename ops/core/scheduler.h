@@ -87,6 +87,11 @@ class Scheduler {
   uint64_t completed_prefix() const { return completed_prefix_; }
   bool queue_empty() const { return queue_.empty(); }
   bool idle() const { return queue_.empty() && active_.empty(); }
+  // Nothing queued, in flight, failed or orphaned: no transfer of MPI's may use this scheduler's
+  // buffers or communicators any more, so it may be destroyed.
+  bool quiescent() const {
+    return idle() && inflight_.empty() && broken_.empty() && orphans_.empty();
+  }
   // How long the background thread may sleep between tests of the units in flight (Pacer).
   std::chrono::microseconds PollInterval() const;
   const SchedulerOptions& options() const { return options_; }

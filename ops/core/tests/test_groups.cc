@@ -148,6 +148,38 @@ TEST(groups_that_exist_or_removals_that_differ_fail_on_every_rank) {
   });
 }
 
+TEST(groups_removed_quiescent_groups_free_their_communicators) {
+  // Add, use and remove a group 200 times: the removed groups' communicators (the group's own and
+  // its scheduler's slots) are freed, not kept for the life of the job -- an MPI library has a
+  // few thousand communicator contexts.
+  std::atomic<int> before{0}, after{0};
+  RunRanks(3, [&](int rank, Runtime& rt) {
+    std::vector<float> one = {1.0f};
+    auto sync = [&](const std::string& name) {
+      auto f = Submit(rt, Reduce(name, one, 0, ReduceOp::kSum));
+      CHECK(Get(f).status.ok());
+    };
+    sync("warm");
+    if (rank == 0) before = mlsl::FakeCommunicator::live();
+    sync("measured");
+    for (int i = 0; i < 200; ++i) {
+      const int g = AddGroup(rt, {0, 1});
+      CHECK(g > 0);
+      if (rank < 2) {
+        std::vector<float> x(1000, 1.0f);
+        auto f = Submit(rt, Reduce("in_group", x, g, ReduceOp::kSum));
+        CHECK(Get(f).status.ok());
+      }
+      auto removed = Submit(rt, rt.GroupChange(OpType::kRemoveGroup, {}, g));
+      CHECK(Get(removed).status.ok());
+    }
+    sync("done");
+    if (rank == 0) after = mlsl::FakeCommunicator::live();
+    sync("checked");
+  });
+  CHECK(after.load() <= before.load() + 12);  // one group's worth at most, not 200 groups'
+}
+
 TEST(groups_removed_group_refuses_work) {
   RunRanks(3, [](int rank, Runtime& rt) {
     int g = AddGroup(rt, {0, 1});
