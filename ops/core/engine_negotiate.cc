@@ -140,6 +140,17 @@ Status Engine::RemoveGroup(int32_t id) {
     g.scheduler->FailAll(Status::Aborted("mlsl_tf: group " + std::to_string(id) +
                                          " was removed (the collective did not complete)"));
   }
+  // This rank's collectives on the group that were not agreed yet (a peer never submitted its
+  // part) fail too: the set that would run them is gone.
+  std::vector<std::string> orphaned;
+  for (const auto& [name, l] : pending_) {
+    if (l.request && l.request->group == id && l.state != Local::kScheduled) orphaned.push_back(name);
+  }
+  for (const std::string& name : orphaned) {
+    Finish(name, Status::Aborted("mlsl_tf: collective '" + ShownName(name) + "' on process set " +
+                                 std::to_string(id) + " did not run: the set was removed before every member "
+                                 "submitted it"));
+  }
   g.removed = true;
   // The communicator and scheduler stay alive while MPI may still hold their buffers; those of
   // removed groups that are quiescent are freed now (an MPI library has a few thousand

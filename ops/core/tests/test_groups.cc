@@ -180,6 +180,22 @@ TEST(groups_removed_quiescent_groups_free_their_communicators) {
   CHECK(after.load() <= before.load() + 12);  // one group's worth at most, not 200 groups'
 }
 
+TEST(groups_a_collective_pending_on_a_removed_group_fails_naming_it) {
+  RunRanks(3, [](int rank, Runtime& rt) {
+    const int g = AddGroup(rt, {0, 1});
+    std::vector<float> x(4, 1.0f);
+    std::future<Result> lonely;
+    if (rank == 0) lonely = Submit(rt, Reduce("lonely", x, g, ReduceOp::kSum));  // rank 1 never joins in
+    auto removed = Submit(rt, rt.GroupChange(OpType::kRemoveGroup, {}, g));
+    CHECK(Get(removed).status.ok());
+    if (rank == 0) {
+      Result r = Get(lonely);  // finishes (Get fails the test on a hang), naming the set
+      CHECK(!r.status.ok());
+      CHECK_CONTAINS(r.status.message(), "on process set " + std::to_string(g) + " did not run: the set was removed");
+    }
+  });
+}
+
 TEST(groups_removed_group_refuses_work) {
   RunRanks(3, [](int rank, Runtime& rt) {
     int g = AddGroup(rt, {0, 1});
