@@ -178,6 +178,24 @@ def check_build() -> int:
 # Watching the job.
 
 
+def mpi_started_ranks(status_dir: str, num_proc: int) -> set[int]:
+    """Ranks whose wrapper saw their command start MPI."""
+    return {r for r in range(num_proc) if os.path.exists(rank_status.mpi_marker_path(status_dir, r))}
+
+
+def stranding_leaver(statuses: Sequence[RankStatus], mpi_started: set[int], now: float,
+                     grace: float = LEAVER_GRACE_S) -> tuple[Optional[RankStatus], list[int]]:
+    """(the first rank that exited with code 0 without ever starting MPI at least ``grace`` s
+    before ``now``, the ranks that started MPI and have not ended), when there are both, else
+    (None, []) (pure). MPI_Init needs every rank of the job: those ranks wait for it for ever."""
+    ended = {s.rank for s in statuses}
+    waiting = sorted(r for r in mpi_started if r not in ended)
+    left = [s for s in statuses if not s.failed and s.mpi == MPI_UNUSED and s.time + grace <= now]
+    if not waiting or not left:
+        return None, []
+    return min(left, key=lambda s: (s.time, s.rank)), waiting
+
+
 def started_ranks(status_dir: str, num_proc: int) -> set[int]:
     """Ranks whose start marker exists."""
     return {r for r in range(num_proc) if os.path.exists(rank_status.start_marker_path(status_dir, r))}
@@ -390,6 +408,10 @@ def _stop_reason(statuses: Sequence[RankStatus], status_dir: str,
         failure = None  # the launcher is stopping the job already; run_job tells why when it ended
     if failure is not None:
         return f"{blame(failure, status_dir)}; stopping the other ranks", None
+    stranding, waiting = stranding_leaver(statuses, mpi_started_ranks(status_dir, num_proc), time.time())
+    if stranding is not None:
+        return (f"{stranding.describe()} without starting MPI (before init()), while {format_ranks(waiting)} "
+                "started it and wait in MPI_Init, which needs every rank of the job; stopping the job"), None
     leaver = unfinalized_leaver(statuses, num_proc, time.time(), LEAVER_GRACE_S)
     if leaver is not None:
         return (f"{leaver.describe()} without finalizing MPI while "

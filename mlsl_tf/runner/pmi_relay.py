@@ -67,7 +67,7 @@ class PmiRelay:
     and before it finalized, and the wrapper must write the rank's status first.
     """
 
-    def __init__(self, upstream_fd: int):
+    def __init__(self, upstream_fd: int, on_start=None):
         # A copy: the socket object closes it when it is collected (main() returning), but
         # upstream_fd itself is never closed here, so the launcher sees its end close only when
         # this process exits (hydra SIGKILLs every rank when a rank's closes earlier).
@@ -88,6 +88,7 @@ class PmiRelay:
         self._pending = b""
         self._readable = True  # False once the command sent bytes that are no PMI command
         self._done = threading.Event()
+        self._on_start = on_start  # called once, from the copying thread, at the first PMI command
 
     def start(self) -> None:
         """The command has started with child_fd: close this process's copy, start copying."""
@@ -112,6 +113,8 @@ class PmiRelay:
         except ValueError:
             self._readable = False
             return
+        if names and not self._names and self._on_start is not None:
+            self._on_start()
         self._names.update(names)
         if len(self._pending) > _PENDING_MAX:
             self._readable = False
@@ -142,13 +145,14 @@ class PmiRelay:
             self._done.set()
 
 
-def from_environ(environ: Mapping[str, str]) -> Optional[PmiRelay]:
+def from_environ(environ: Mapping[str, str], on_start=None) -> Optional[PmiRelay]:
     """A relay for the launcher's PMI_FD socket, or None when there is none (Open MPI, whose
-    ranks reach their PMIx server by address, or no launcher)."""
+    ranks reach their PMIx server by address, or no launcher); ``on_start`` is called when the
+    command starts MPI."""
     text = environ.get(PMI_FD_ENV, "")
     if not text.isdigit():
         return None
     try:
-        return PmiRelay(int(text))
+        return PmiRelay(int(text), on_start)
     except OSError:
         return None

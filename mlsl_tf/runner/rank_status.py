@@ -120,6 +120,19 @@ def write_start_marker(status_dir: str, rank: int, host: str) -> None:
                            {"rank": rank, "host": host, "pid": os.getpid(), "time": time.time()})
 
 
+def mpi_marker_path(status_dir: str, rank: int) -> str:
+    return os.path.join(status_dir, f"mpi.{rank}")
+
+
+def write_mpi_marker(status_dir: str, rank: int) -> None:
+    """``mpi.R``: the rank's command started MPI (its first PMI command); best effort."""
+    try:
+        with open(mpi_marker_path(status_dir, rank), "w"):
+            pass
+    except OSError:
+        pass
+
+
 def write_status(status_dir: str, status: RankStatus) -> None:
     """``status.R.json``, whole or not at all (written aside, then renamed); OSError if not."""
     _write_json_atomically(status_path(status_dir, status.rank), dataclasses.asdict(status))

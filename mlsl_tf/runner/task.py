@@ -178,7 +178,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     cpus, warning = placement.affinity_plan(os.environ, placement.allowed_cpus())
     if warning:
         _warn(f"rank {rank}: {warning}")
-    relay = pmi_relay.from_environ(os.environ) if ns.status_dir is not None else None
+    relay = None
+    if ns.status_dir is not None:
+        relay = pmi_relay.from_environ(os.environ, lambda: rank_status.write_mpi_marker(ns.status_dir, rank))
     if relay is not None:
         os.environ[pmi_relay.PMI_FD_ENV] = str(relay.child_fd)
     try:

@@ -581,6 +581,24 @@ def test_rank_that_leaves_with_os_exit_0_is_named():
 
 
 @needs_mpi
+def test_rank_that_leaves_before_init_ends_the_job_naming_it():
+    # rank 1 returns early (code 0) without starting MPI, rank 0 calls mlsl_tf.init(): MPI_Init
+    # needs every rank, so rank 0 would wait for ever; mlslrun ends the job naming rank 1
+    start = time.monotonic()
+    r = mlslrun("-np", "2", *program("""
+        if RANK == 1:
+            sys.exit(0)
+        import mlsl_tf
+        mlsl_tf.init()
+        print("rank 0 initialized", flush=True)
+    """), timeout=120)
+    assert r.returncode != 0 and "rank 0 initialized" not in r.stdout, r.stderr
+    assert re.search(r"mlslrun: rank 1 \(host .*\) exited with code 0 without starting MPI \(before init\(\)\), "
+                     r"while rank 0 started it and wait in MPI_Init", r.stderr), r.stderr
+    assert time.monotonic() - start < 60
+
+
+@needs_mpi
 def test_rank_that_finalizes_while_another_works_is_not_stopped():
     # rank 1 finalizes MPI and exits 0 while rank 0 works on past mlslrun's grace for a rank that
     # did not finalize: legal, the job succeeds (MPICH's MPI_Finalize returns once every rank
