@@ -44,6 +44,8 @@ PRIVATE_MEMBERS = (
     ("keras.src.backend.common.stateless_scope", "in_stateless_scope", "function", "computing_shapes_only"),
     (TF_VARIABLE, "_value", "attribute", "resource_handle"),
     ("keras.src.backend.common.variables", "AutocastScope", "class", "no_autocast"),
+    ("keras.src.optimizers.loss_scale_optimizer.LossScaleOptimizer", "check_finite", ("grads",),
+     "install_loss_scale_hook (patched)"),
     ("keras.src.backend.common.symbolic_scope", "in_symbolic_scope", "function", "computing_shapes_only"),
 )
 
@@ -253,6 +255,27 @@ def install_apply_hook(intercept):
     apply._mlsl_original = original
     apply.__doc__ = original.__doc__
     base.apply = apply
+
+
+def install_loss_scale_hook(agree):
+    """Keras' LossScaleOptimizer decides from `check_finite(grads)` whether to apply a step or to
+    skip it and halve the loss scale -- on the local gradients, before its inner optimizer (a
+    DistributedOptimizer, where compile wrapped one) reduces them: one rank's overflow would make
+    the ranks take different branches. Every LossScaleOptimizer's check_finite then returns
+    `agree(optimizer, finite)`, which for a distributed inner optimizer is the ranks' common
+    answer (the others' unchanged). Idempotent; global for the reason install_apply_hook is:
+    compile makes the LossScaleOptimizer, mlsl_tf never sees it."""
+    from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+    current = LossScaleOptimizer.check_finite
+    if getattr(current, "_mlsl_loss_scale_hook", False):
+        return
+
+    def check_finite(self, grads):
+        return agree(self, current(self, grads))
+
+    check_finite._mlsl_loss_scale_hook = True
+    check_finite.__doc__ = current.__doc__
+    LossScaleOptimizer.check_finite = check_finite
 
 
 def remove_apply_hook():

@@ -315,6 +315,18 @@ def _distributed_class(base, options, backward_passes_per_step, average_aggregat
     })
 
 
+def _agreed_finite(loss_scale_optimizer, finite):
+    """Whether every rank's gradients are finite (a Min over the reducing ranks), when the loss
+    scale optimizer's inner optimizer is a DistributedOptimizer; else `finite` as it is."""
+    inner = getattr(loss_scale_optimizer, "inner_optimizer", None)
+    if not isinstance(inner, _DistributedOptimizer) or not inner._mlsl_options.member():
+        return finite
+    options = inner._mlsl_options
+    flag = ops.allreduce(tf.cast(finite, tf.int32), op=ops.Min, name=_unique_prefix(options.name + ".finite"),
+                         ignore_name_scope=True, process_set=options.process_set)
+    return tf.cast(flag, tf.bool)
+
+
 def _copy_state(source, target):
     """Builds `target` on `source`'s variables and copies the optimizer state across."""
     target.build(keras3_compat.trainable_variables(source))
@@ -363,6 +375,7 @@ def DistributedOptimizer(optimizer, name=None, device_dense="", device_sparse=""
         return keras2_compat.distributed_optimizer(optimizer, options, backward_passes_per_step,
                                                    average_aggregated_gradients, scale_local_gradients, _in_place,
                                                    overlap_wanted=overlap.enabled(cross_iteration))
+    keras3_compat.install_loss_scale_hook(_agreed_finite)
     cls = _distributed_class(_base_class(optimizer), options, backward_passes_per_step, average_aggregated_gradients,
                              cross_iteration, scale_local_gradients)
     if _in_place:

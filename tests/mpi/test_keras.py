@@ -106,6 +106,35 @@ def test_mixed_bfloat16_policy_with_overlap_matches_single_process():
         keras.mixed_precision.set_global_policy(previous)
 
 
+@pytest.mark.parametrize("cross_iteration", [True, False])
+def test_mixed_float16_overflow_on_one_rank_is_skipped_on_every_rank(cross_iteration):
+    """Keras 3 under mixed_float16: compile wraps the DistributedOptimizer in a
+    LossScaleOptimizer, which checks its gradients for inf/NaN before the inner optimizer reduces
+    them. The last rank's batch overflows float16, the others' do not: every rank skips that step
+    and halves the loss scale (the ranks used to take different branches and stall), then the
+    next, finite step is applied on every rank alike."""
+    previous = keras.mixed_precision.global_policy()
+    keras.mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = _data(steps=2)
+        model = _model()
+        model.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.1), cross_iteration=cross_iteration),
+                      loss="mse")
+        assert isinstance(model.optimizer, keras.optimizers.LossScaleOptimizer)
+        scale = float(model.optimizer.initial_scale)  # dynamic_scale is made at the first step
+        before = model.get_weights()
+        bad_x = _local_batch(x, 0) * (1e6 if R == N - 1 else 1.0)  # 1e6 is inf in float16
+        model.train_on_batch(bad_x, _local_batch(y, 0))
+        _assert_close(model.get_weights(), before, tol=0)  # skipped everywhere
+        assert float(model.optimizer.dynamic_scale.numpy()) == scale / 2
+        model.train_on_batch(_local_batch(x, 1), _local_batch(y, 1))
+        moved = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), before))
+        assert moved > 0  # applied
+        _assert_same_on_all_ranks(model.get_weights() + [model.optimizer.dynamic_scale.numpy()])
+    finally:
+        keras.mixed_precision.set_global_policy(previous)
+
+
 @pytest.mark.parametrize("average", [True, False])
 def test_backward_passes_per_step_matches_k_times_batch(average):
     k = 2
