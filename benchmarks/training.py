@@ -624,8 +624,7 @@ def two_steps(trace):
     return first[-4] - margin, first[-2] - margin
 
 
-TABLE_CONFIGS = (("overlap", "mlsl_tf"), ("overlap_bf16", "mlsl_tf bf16"), ("overlap_elastic", "mlsl_tf elastic"),
-                 ("overlap_tf_keras", "mlsl_tf tf_keras"),
+TABLE_CONFIGS = (("overlap", "mlsl_tf"), ("overlap_bf16", "mlsl_tf bf16"), ("overlap_tf_keras", "mlsl_tf tf_keras"),
                  ("horovod", "Horovod 0.28.1"), ("mwms", "MWMS Keras 3 loop"), ("mwms_tf_keras", "MWMS tf_keras fit"))
 CPU_CONFIGS = (("overlap", "mlsl_tf"), ("horovod", "Horovod"), ("mwms", "MWMS"), ("mwms_tf_keras", "MWMS tf_keras"))
 
