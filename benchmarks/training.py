@@ -26,6 +26,8 @@ Configurations (`--configs`, default all), each a separate job:
   overlap_elastic  the defaults under elastic mlslrun (-np N --min-np N -H localhost:N), the timed
                 fit inside hvd.elastic.run with KerasState and the elastic callbacks, a commit every
                 ELASTIC_BATCHES_PER_COMMIT batches (median step: between commits; mean: with them)
+  overlap_mixed_bf16  the defaults under Keras' mixed_bfloat16 policy (bf16 compute, float32
+                variables and gradients, reduced in float32)
   overlap_tf_keras  the defaults under tf_keras (TF_USE_LEGACY_KERAS=1): model.fit of Keras 2 with
                 DistributedOptimizer over a tf_keras optimizer (no cross-iteration overlap there)
   horovod       Horovod 0.28.1 (--horovod-python; TF 2.15, tf.keras), same model and loop
@@ -33,6 +35,7 @@ Configurations (`--configs`, default all), each a separate job:
   mwms_tf_keras MWMS, tf_keras model.fit (the global batch, split per worker by MWMS)
   compute       compute alone: the same training with a plain optimizer (no reduction)
   compute_tf_keras  compute alone under tf_keras (the limit of overlap_tf_keras and mwms_tf_keras)
+  compute_mixed_bf16  compute alone under mixed_bfloat16 (the limit of overlap_mixed_bf16)
   horovod_compute  compute alone in Horovod's venv (TF 2.15, tf.keras, plain optimizer)
   mwms_compute  compute alone of the mwms loop: N single-worker strategies, no cluster
   comm          communication alone: the model's gradients (shapes, priorities, dtype) reduced
@@ -73,11 +76,11 @@ import cpu_cost  # noqa: E402
 
 MODELS = ("resnet50", "vgg16", "transformer", "tiny")  # tiny: a small MLP for smoke tests
 CONFIGS = ("compute", "compute_tf_keras", "comm", "comm_bf16", "fifo", "priority", "overlap", "overlap_bf16",
-           "overlap_elastic",
+           "overlap_elastic", "overlap_mixed_bf16", "compute_mixed_bf16",
            "overlap_tf_keras", "horovod", "horovod_compute", "mwms", "mwms_tf_keras", "mwms_compute")
 HOROVOD_CONFIGS = ("horovod", "horovod_compute")  # jobs run by Horovod's venv
 MWMS_CONFIGS = ("mwms", "mwms_tf_keras", "mwms_compute")  # one process per worker, TF_CONFIG (mwms.py)
-PLAIN_CONFIGS = ("compute", "compute_tf_keras", "horovod_compute")  # compute alone, launched as the others
+PLAIN_CONFIGS = ("compute", "compute_tf_keras", "horovod_compute", "compute_mixed_bf16")  # compute alone, launched as the others
 LEGACY_KERAS = {"TF_USE_LEGACY_KERAS": "1"}
 CONFIG_ENV = {
     "fifo": {"MLSL_TF_PRIORITY": "fifo", "MLSL_TF_CROSS_ITERATION": "0"},
@@ -90,10 +93,12 @@ IMPL_OF = dict({c: "horovod" for c in HOROVOD_CONFIGS}, **{c: "mwms" for c in MW
 # same TensorFlow, Keras and training loop without the reduction (first one measured).
 ELASTIC_BATCHES_PER_COMMIT = 10
 LIMIT_OF = {"fifo": "comm", "priority": "comm", "overlap": "comm", "overlap_bf16": "comm_bf16",
-            "overlap_elastic": "comm",
+            "overlap_elastic": "comm", "overlap_mixed_bf16": "comm",
             "overlap_tf_keras": "comm", "horovod": "comm", "mwms": "comm", "mwms_tf_keras": "comm"}
 COMPUTE_OF = {"horovod": ("horovod_compute", "compute"), "mwms": ("mwms_compute", "compute"),
-              "overlap_tf_keras": ("compute_tf_keras", "compute"), "mwms_tf_keras": ("compute_tf_keras", "compute")}
+              "overlap_tf_keras": ("compute_tf_keras", "compute"), "mwms_tf_keras": ("compute_tf_keras", "compute"),
+              "overlap_mixed_bf16": ("compute_mixed_bf16", "compute")}
+MIXED_BF16_CONFIGS = ("overlap_mixed_bf16", "compute_mixed_bf16")  # Keras 3's mixed_bfloat16 policy
 MWMS_PORT_BASE = 23400  # MWMS jobs on emulated hosts: a fresh port each (no TIME_WAIT reuse)
 CORES = os.cpu_count() or 2  # the cores the ranks of a job share (all on this machine)
 LAUNCHER_ENV = ("PMI_", "PMIX_", "HYD", "MPI_LOCAL", "OMPI_")  # what a nested launcher must not inherit
@@ -190,6 +195,8 @@ def worker(ns):
     batch, warmup, steps = model_spec(ns.model)
     steps = ns.steps or steps
     keras.utils.set_random_seed(1234)
+    if ns.config in MIXED_BF16_CONFIGS:
+        keras.mixed_precision.set_global_policy("mixed_bfloat16")
     model, x, y, loss = build_model(ns.model, keras, batch, seed=hvd.rank())
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     plain = ns.config in PLAIN_CONFIGS  # compute alone: no reduction
