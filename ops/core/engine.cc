@@ -200,9 +200,7 @@ std::string Engine::ExistingGroup(const std::vector<int>& ranks) const {
   std::sort(sorted.begin(), sorted.end());
   for (size_t g = 0; g < groups_.size(); ++g) {
     if (groups_[g]->removed || groups_[g]->ranks != sorted) continue;
-    std::string list;
-    for (int r : sorted) list += (list.empty() ? "" : ", ") + std::to_string(r);
-    return "a group of ranks [" + list + "] already exists (process set id " + std::to_string(g) + ")";
+    return "a group of ranks [" + RankList(sorted) + "] already exists (process set id " + std::to_string(g) + ")";
   }
   return "";
 }
