@@ -98,7 +98,8 @@ def effective_beta(beta_link, cpu_beta, hosts, cores):
 
 def fit_link_and_cpu(points, cores, grid=200):
     """points = {rate: [(hosts, beta_eff)]} -> ({rate: beta_link}, cpu_beta) minimising the squared
-    log error of effective_beta (grid search over the CPU's beta, then each rate's best beta_link)."""
+    log error of effective_beta (grid search over the CPU's beta, 0 included, then each rate's best
+    beta_link)."""
     logs = [math.log(b) for pts in points.values() for _, b in pts]
     lo, hi = min(logs) - math.log(4 * cores), max(logs)
 
@@ -108,8 +109,9 @@ def fit_link_and_cpu(points, cores, grid=200):
         return min(candidates, key=lambda bl: sum(math.log(effective_beta(bl, c, h, cores) / b) ** 2 for h, b in pts))
 
     best = None
-    for i in range(grid + 1):
-        c = math.exp(lo + (hi - lo) * i / grid)
+    # 0 first: where the CPU never binds the fit says so, rather than its smallest candidate (which
+    # the simulator would still charge, e.g. to the bf16 codec's phases)
+    for c in [0.0] + [math.exp(lo + (hi - lo) * i / grid) for i in range(grid + 1)]:
         links = {rate: best_link(pts, c) for rate, pts in points.items()}
         err = sum(math.log(effective_beta(links[rate], c, h, cores) / b) ** 2
                   for rate, pts in points.items() for h, b in pts)

@@ -57,6 +57,11 @@ bool Engine::AllIdle() const {
   return true;
 }
 
+bool Engine::Transferring() const {
+  for (const auto& g : groups_) if (g->member() && g->scheduler->transferring()) return true;
+  return false;
+}
+
 std::chrono::microseconds Engine::PollInterval() const {
   std::chrono::microseconds shortest = std::chrono::microseconds::max();
   for (const auto& g : groups_) {

@@ -78,7 +78,8 @@ class Engine {
   // Tests the transfers in flight (between steps, e.g. right after units started).
   void Progress();
 
-  bool AllIdle() const;  // no transfer queued or in flight
+  bool AllIdle() const;  // no transfer queued or in flight, no collective left to finish
+  bool Transferring() const;  // a unit in flight in some group
   bool HasWork() const { return !pending_.empty() || join_ != nullptr || !inbox_.empty(); }
   bool HasInbox() const { return !inbox_.empty(); }
   // The sleep between tests of the transfers in flight: the shortest any busy group allows.

@@ -36,6 +36,7 @@ class FakeWorld {
     int rank = -1;
     int nth_recv = 0;
     bool keep_dropped = false;
+    bool on_arrival = false;  // the receive fails only once its message has arrived: a late failure
     std::atomic<int> recvs{0};
   };
   std::shared_ptr<Faults> faults;

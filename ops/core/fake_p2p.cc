@@ -44,10 +44,19 @@ class FakeMessage : public PendingOp {
 
 // A receive posted as usual whose Test fails (FakeWorld::Faults); destroying it destroys the
 // posted receive, which cancels it unless the faults keep dropped receives.
+// With `on_arrival` it fails only once its message has arrived.
 class InjectedFailure : public PendingOp {
  public:
-  InjectedFailure(std::unique_ptr<PendingOp> posted, std::string why) : posted_(std::move(posted)), why_(std::move(why)) {}
+  InjectedFailure(std::unique_ptr<PendingOp> posted, std::string why, bool on_arrival)
+      : posted_(std::move(posted)), why_(std::move(why)), on_arrival_(on_arrival) {}
   Status Test(bool* done) override {
+    if (on_arrival_ && !arrived_) {
+      Status s = posted_->Test(&arrived_);
+      if (!s.ok() || !arrived_) {
+        *done = false;
+        return s;
+      }
+    }
     *done = true;
     return Status::Internal(why_);
   }
@@ -55,6 +64,8 @@ class InjectedFailure : public PendingOp {
  private:
   std::unique_ptr<PendingOp> posted_;
   std::string why_;
+  bool on_arrival_;
+  bool arrived_ = false;
 };
 
 }  // namespace
@@ -141,7 +152,8 @@ std::unique_ptr<PendingOp> FakeCommunicator::Recv(void* buf, int64_t bytes, int 
   if (faults && faults->rank == rank_ && ++faults->recvs == faults->nth_recv) {
     return std::make_unique<InjectedFailure>(std::move(op), "injected failure of receive " +
                                                                 std::to_string(faults->nth_recv) + " from rank " +
-                                                                std::to_string(peer) + " on rank " + std::to_string(rank_));
+                                                                std::to_string(peer) + " on rank " + std::to_string(rank_),
+                                           faults->on_arrival);
   }
   return op;
 }

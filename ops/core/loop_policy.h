@@ -12,9 +12,9 @@ namespace mlsl {
 struct LoopPolicy {
   using us = std::chrono::microseconds;
 
-  // After starting transfers, the thread keeps testing them this long: small ones finish within
-  // microseconds, and finishing them here saves a control round trip before the framework sees
-  // the result.
+  // After starting transfers, the thread keeps testing them this long: small ones complete within
+  // microseconds, and completing them here lets the next control message carry them (a
+  // collective finishes once every rank's message says it completed).
   static constexpr us kFinishStarted{20};
   // Steps of a cycle that spin before the thread yields or sleeps between them.
   static constexpr int kSpins = 64;

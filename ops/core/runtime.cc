@@ -170,7 +170,7 @@ StepResult Runtime::RunCycle(Engine* engine) {
     StepResult r = engine->Step(Clock::now());
     if (r.started_units) {
       const auto until = Clock::now() + LoopPolicy::kFinishStarted;
-      while (!engine->AllIdle() && Clock::now() < until) engine->Progress();
+      while (engine->Transferring() && Clock::now() < until) engine->Progress();
     }
     if (r.closed || r.cycle_done) return r;
     // An exchange travels: test again at once, after a yield (one spin in kSpins: a yield per

@@ -41,6 +41,8 @@ struct Scheduler::Work {
   std::unique_ptr<Algorithm> algo;
   uint64_t sync_seq = 0;  // with `synced` false: the unit that must complete everywhere first
   bool synced = true;
+  uint64_t last_seq = 0;   // its latest unit
+  bool done_here = false;  // every unit completed here: it finishes once they have everywhere
   bool unfinished() const { return algo ? !algo->started_all() : next < total; }
   int64_t bytes() const { return total * int64_t(DataTypeSize(meta.dtype)); }
   std::string label() const {
@@ -233,6 +235,7 @@ void Scheduler::StartChunk(Work* w) {
                                       w->src ? w->src + w->next * esize : nullptr, PostFactor(*w))
                     : nullptr;
   }
+  w->last_seq = unit->seq;
   w->next += n;
   w->outstanding++;
   stats_->Chunk(unit->bytes);
@@ -308,13 +311,18 @@ void Scheduler::StartPiece(size_t at) {
   }
   w->synced = !sync;
   w->sync_seq = unit->seq;
+  w->last_seq = unit->seq;
   w->outstanding++;
   inflight_.push_back(std::move(unit));
   if (w->algo->started_all()) Activate(at);
 }
 
 void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
-  if (common_done == UINT64_MAX) common_done = completed_prefix_;
+  if (common_done != UINT64_MAX) {
+    agreed_done_ = common_done;
+    agreed_given_ = true;
+  }
+  common_done = AgreedDone();
   starting_ = nullptr;
   try {
     StartUnits(limit, joined, common_done);
@@ -403,12 +411,24 @@ void Scheduler::Progress() {
     Complete(u->seq);
     const int chunk = u->chunk;
     inflight_.erase(inflight_.begin() + i);  // u is gone
-    if (w->algo) {
-      w->algo->PieceDone(chunk);
-      if (--w->outstanding == 0 && w->algo->started_all()) FinishPieces(w);
-      continue;
-    }
-    if (--w->outstanding == 0 && w->next == w->total) Finalize(w);
+    if (w->algo) w->algo->PieceDone(chunk);
+    if (--w->outstanding == 0 && !w->unfinished()) w->done_here = true;
+  }
+  Release();
+}
+
+void Scheduler::Release() {
+  // A collective whose units all completed here may still fail on a peer (its last receive, an
+  // output it could not allocate); it finishes only when every rank's completed prefix covers
+  // it, a fact of the control message that also carries any rank's failure -- so no rank
+  // returns success for a collective that fails on another. A failure here since that message
+  // is of later units: what it agreed still finishes, as it does on every peer.
+  const uint64_t agreed = AgreedDone();
+  std::vector<Work*> ready;
+  for (auto& w : active_) if (w->done_here && w->last_seq < agreed) ready.push_back(w.get());
+  for (Work* w : ready) {
+    if (w->algo) FinishPieces(w);
+    else Finalize(w);
   }
 }
 

@@ -11,7 +11,9 @@
 // only up to a limit that is common knowledge (units completed on every rank + inflight),
 // and the choice of the next unit is re-made from the queue each time -- so a newly agreed
 // urgent tensor overtakes the remaining chunks or pieces of a big one, and all ranks start the
-// same units in the same order. Every part finishes exactly once.
+// same units in the same order. Every part finishes exactly once, and only once its units
+// have completed on every rank (the common prefix of the control message), so that a failure on
+// one rank fails it on every rank.
 //
 // A unit that fails here (its transfer's Test, or its start, returns an error) is this rank's
 // alone: the peers go on waiting for its messages. So is an output or buffer this rank cannot
@@ -69,7 +71,8 @@ class Scheduler {
   // Queues an agreed collective. `request` is null on a rank that has joined (it contributes
   // the identity). `finish` runs exactly once, on this thread.
   void Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted);
-  // Tests the units in flight; finishes collectives whose last unit completed here.
+  // Tests the units in flight; finishes collectives whose units have completed on every rank
+  // (the common prefix StartUpTo was last given).
   void Progress();
   // Starts units, most urgent first, until `limit` units have been started since creation.
   // `common_done` (default: this rank's completed prefix, right where one process plays every
@@ -87,6 +90,7 @@ class Scheduler {
   uint64_t completed_prefix() const { return completed_prefix_; }
   bool queue_empty() const { return queue_.empty(); }
   bool idle() const { return queue_.empty() && active_.empty(); }
+  bool transferring() const { return !inflight_.empty(); }
   // Nothing queued, in flight, failed or orphaned: no transfer of MPI's may use this scheduler's
   // buffers or communicators any more, so it may be destroyed.
   bool quiescent() const {
@@ -119,6 +123,10 @@ class Scheduler {
   void FinishPieces(Work* w);
   void Retire(Work* w);
   void Complete(uint64_t seq);
+  // Finishes the works done here whose units all lie inside the agreed completed prefix.
+  void Release();
+  // Units completed on every rank: the last common_done given, else this rank's own prefix.
+  uint64_t AgreedDone() const { return agreed_given_ ? agreed_done_ : completed_prefix_; }
   void Finalize(Work* w);
   // inflight_[i] failed with s: kept in broken_, noted in failure_.
   void Broke(size_t i, const Status& s);
@@ -146,6 +154,8 @@ class Scheduler {
   std::vector<std::unique_ptr<Work>> active_;  // fully started, units still in flight
   std::vector<std::unique_ptr<Unit>> inflight_;
   uint64_t started_ = 0, completed_prefix_ = 0, agreed_ = 0;
+  uint64_t agreed_done_ = 0;
+  bool agreed_given_ = false;
   std::set<uint64_t> completed_out_of_order_;
   std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
   std::vector<std::unique_ptr<Unit>> broken_;   // failed units: their transfers may still run

@@ -47,7 +47,7 @@ double SimBackgroundThread::NextAction() const {
       if (!Changed()) return kInf;
       return pause_s_ <= 0 ? now : last_step_ + std::ceil((now - last_step_) / pause_s_ - 1e-9) * pause_s_;
     case State::kFinishing:
-      return engine_->AllIdle() || Changed() ? now : std::max(now, finish_until_);
+      return !engine_->Transferring() || Changed() ? now : std::max(now, finish_until_);
   }
   return kInf;
 }
@@ -66,8 +66,8 @@ void SimBackgroundThread::Act() {
     return;
   }
   if (state_ == State::kFinishing) {
-    // RunCycle: while (!AllIdle && now < until) Progress().
-    if (!engine_->AllIdle() && now < finish_until_) {
+    // RunCycle: while (Transferring && now < until) Progress().
+    if (engine_->Transferring() && now < finish_until_) {
       seen_ = net_->completed();
       engine_->Progress();
       return;
@@ -92,7 +92,7 @@ void SimBackgroundThread::Step() {
     finish_until_ = net_->now() + Seconds(LoopPolicy::kFinishStarted);
     finishing_ = r;
     state_ = State::kFinishing;
-    if (!engine_->AllIdle()) engine_->Progress();  // at once, as RunCycle does
+    if (engine_->Transferring()) engine_->Progress();  // at once, as RunCycle does
     return;
   }
   AfterStep(r);

@@ -136,6 +136,46 @@ TEST(piece_failure_a_failed_ring_receive_on_one_rank_fails_the_allreduce_on_ever
   }
 }
 
+TEST(piece_failure_a_last_receive_that_fails_after_the_peers_finished_fails_every_rank) {
+  // Rank 1's last receive fails once its message has arrived, when its peers have every message
+  // they need and their part is complete. They still fail the collective: it finishes only once
+  // every rank has completed it. (The fake world's allreduce and all-to-all are point to point.)
+  const int n = 3;
+  EngineOptions options = Options();
+  options.scheduler.chunk_bytes = 1 << 20;  // one chunk, one piece of data
+  std::vector<std::vector<float>> in(n, std::vector<float>(300, 2.0f));
+  for (OpType op : {OpType::kAllreduce, OpType::kAlltoall}) {
+    const std::string what = std::string(OpTypeName(op)) + " 'last'";
+    auto make = [&](int r) {
+      Request req = FloatAllreduce("last", in[r]);
+      req.op = op;
+      return req;
+    };
+    int last = 0;  // rank 1's receives in a run without failure
+    {
+      auto clean = FaultyWorld(n, 1, 0);
+      Engines e(clean, options);
+      std::vector<Outcome> out(n);
+      for (int r = 0; r < n; ++r) e.Submit(r, make(r), &out[r]);
+      CHECK(e.StepUntil([&] { return AllDone(out); }));
+      for (int r = 0; r < n; ++r) CHECK(out[r].status.ok());
+      last = clean->faults->recvs;
+    }
+    CHECK(last > 0);
+    auto world = FaultyWorld(n, 1, last);
+    world->faults->on_arrival = true;
+    Engines e(world, options);
+    std::vector<Outcome> out(n);
+    for (int r = 0; r < n; ++r) e.Submit(r, make(r), &out[r]);
+    CHECK(e.StepUntil([&] { return AllDone(out); }));
+    for (int r = 0; r < n; ++r) {
+      CHECK(!out[r].status.ok());
+      CHECK_CONTAINS(out[r].status.message(), "rank 1: " + what + " failed: injected failure of receive " +
+                                                  std::to_string(last));
+    }
+  }
+}
+
 TEST(piece_failure_a_failed_alltoall_receive_fails_every_rank_and_the_collectives_beside_it) {
   const int n = 3;
   EngineOptions options = Options();
