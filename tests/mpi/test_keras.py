@@ -77,31 +77,58 @@ def test_matches_single_process_step_for_step(case):
     _assert_same_on_all_ranks(dist.get_weights() + [v.numpy() for v in dist.optimizer.variables])
 
 
-def test_mixed_bfloat16_policy_with_overlap_matches_single_process():
-    """Keras' mixed_bfloat16 policy (bf16 compute, float32 variables) with the defaults
-    (cross-iteration overlap): fit and train_on_batch train, and the float32 weights follow a
-    single process on the global batch under the same policy to within bf16's rounding -- a
-    small fraction of what the steps moved them."""
+@pytest.mark.parametrize("path", ["fit", "no_overlap", "tape"])
+@pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
+def test_mixed_policy_matches_single_process(policy, path):
+    """Keras' mixed policies (bf16 or float16 compute, float32 variables) through
+    DistributedOptimizer with the defaults (cross-iteration overlap; under mixed_float16 compile
+    wraps it in a LossScaleOptimizer), without the overlap, and through DistributedGradientTape in
+    a custom step with an explicit LossScaleOptimizer under mixed_float16: the float32 weights
+    follow a single process on the global batch under the same policy to within the compute
+    dtype's rounding -- a small fraction of what the steps moved them -- and are bit-identical on
+    every rank."""
     previous = keras.mixed_precision.global_policy()
-    keras.mixed_precision.set_global_policy("mixed_bfloat16")
+    keras.mixed_precision.set_global_policy(policy)
     try:
         x, y = _data(steps=4)
         dist, ref = _model(), _model()
-        assert dist.layers[0].compute_dtype == "bfloat16" and dist.layers[0].kernel.dtype == "float32"
+        assert dist.layers[0].compute_dtype == policy[len("mixed_"):] and dist.layers[0].kernel.dtype == "float32"
         initial = ref.get_weights()
-        dist.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9)), loss="mse")
         ref.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="mse")
-        dist.fit(_shard(x[:2 * N * B]), _shard(y[:2 * N * B]), batch_size=B, epochs=1, shuffle=False, verbose=0)
-        for s in range(2):
-            ref.train_on_batch(_global_batch(x, s), _global_batch(y, s))
-        for s in range(2, 4):
-            dist.train_on_batch(_local_batch(x, s), _local_batch(y, s))
-            ref.train_on_batch(_global_batch(x, s), _global_batch(y, s))
+        if path == "tape":
+            opt = keras.optimizers.SGD(0.1, momentum=0.9)
+            if policy == "mixed_float16":
+                opt = keras.optimizers.LossScaleOptimizer(opt)
+
+            @tf.function
+            def step(xb, yb):
+                with tf.GradientTape() as tape:
+                    loss = tf.reduce_mean((tf.cast(dist(xb, training=True), "float32") - yb) ** 2)
+                    scaled = opt.scale_loss(loss) if policy == "mixed_float16" else loss
+                grads = DistributedGradientTape(tape).gradient(scaled, dist.trainable_variables)
+                assert all(g.dtype == tf.float32 for g in grads)
+                opt.apply(grads, dist.trainable_variables)
+
+            for s in range(4):
+                step(_local_batch(x, s), _local_batch(y, s))
+                ref.train_on_batch(_global_batch(x, s), _global_batch(y, s))
+            state = [v.numpy() for v in opt.variables]
+        else:
+            dist.compile(optimizer=DistributedOptimizer(keras.optimizers.SGD(0.1, momentum=0.9),
+                                                        cross_iteration=path == "fit"), loss="mse")
+            assert isinstance(dist.optimizer, keras.optimizers.LossScaleOptimizer) == (policy == "mixed_float16")
+            dist.fit(_shard(x[:2 * N * B]), _shard(y[:2 * N * B]), batch_size=B, epochs=1, shuffle=False, verbose=0)
+            for s in range(2):
+                ref.train_on_batch(_global_batch(x, s), _global_batch(y, s))
+            for s in range(2, 4):
+                dist.train_on_batch(_local_batch(x, s), _local_batch(y, s))
+                ref.train_on_batch(_global_batch(x, s), _global_batch(y, s))
+            state = [v.numpy() for v in dist.optimizer.variables]
         moved = max(float(np.max(np.abs(r - i))) for r, i in zip(ref.get_weights(), initial))
         apart = max(float(np.max(np.abs(d - r))) for d, r in zip(dist.get_weights(), ref.get_weights()))
         assert moved > 0.05 and apart < 0.05 * moved, (apart, moved)
         assert all(w.dtype == np.float32 for w in dist.get_weights())
-        _assert_same_on_all_ranks(dist.get_weights() + [v.numpy() for v in dist.optimizer.variables])
+        _assert_same_on_all_ranks(dist.get_weights() + state)
     finally:
         keras.mixed_precision.set_global_policy(previous)
 
