@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                    f"also sets {START_TIMEOUT_ENV} on every rank (default: none)")
     p.add_argument("--launcher", choices=("auto", "mpi", "srun"), default="auto",
                    help="auto: srun inside a SLURM job if srun exists, else mpiexec (default: %(default)s)")
+    p.add_argument("--oversubscribe", action="store_true",
+                   help="allow more ranks on this host than 4 per core (default: refused)")
     p.add_argument("-cb", "--check-build", dest="check_build", action="store_true",
                    help="show the frameworks, controllers and tensor ops available")
     p.add_argument("--mpi-args", dest="mpi_args", metavar='"ARGS"',
@@ -160,6 +162,7 @@ def parse_args(argv: Sequence[str]) -> RunConfig:
         ssh_identity_file=ns.ssh_identity_file,
         ssh_check=ns.ssh_check,
         elastic=_elastic(ns),
+        oversubscribe=ns.oversubscribe,
     )
     _validate(cfg)
     return cfg

@@ -59,6 +59,7 @@ class RunConfig:
     ``ssh_port`` / ``ssh_identity_file``: how ssh reaches the hosts (None: ssh's defaults);
     ``ssh_check``: check every remote host through ssh before launching (ssh_check.py).
     ``elastic``: the elastic flags (elastic_driver.py runs the job), None for a fixed job.
+    ``oversubscribe``: allow more ranks on this host than OVERSUBSCRIBE_PER_CORE per core.
     """
 
     num_proc: Optional[int]
@@ -79,3 +80,4 @@ class RunConfig:
     ssh_identity_file: Optional[str] = None
     ssh_check: bool = True
     elastic: Optional[ElasticConfig] = None
+    oversubscribe: bool = False

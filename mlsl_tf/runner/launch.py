@@ -58,6 +58,7 @@ from mlsl_tf.runner.rank_status import RankStatus
 POLL_S = 0.1
 PEER_GRACE_S = 3.0  # how long a failure that only reports another rank's end waits for its cause
 LEAVER_GRACE_S = 3.0  # how long the launcher gets to end a job a rank left without finalizing MPI
+OVERSUBSCRIBE_PER_CORE = 4  # more ranks per core on one host need --oversubscribe
 STOP_GRACE_S = 10.0  # after SIGTERM, how long the launcher gets before SIGKILL
 VERSION_TIMEOUT_S = 60.0
 EXIT_USAGE = 2
@@ -571,10 +572,28 @@ def plan_argv(cfg: RunConfig, environ: Mapping[str, str],
     ssh_check.check_identity_file(ssh)
     ssh_exec = ssh_check.write_launcher_exec(status_dir, ssh) if needs_ssh_exec(flavour, cfg) else None
     plan = make_plan(cfg, program, hosts, environ, rank_cmd, ssh_exec)
+    if flavour != "slurm":  # SLURM places the ranks in its allocation
+        check_ranks_here(cfg, plan.hosts)
     argv = build_launch_argv(flavour, plan)
     if plan.hosts is not None and flavour != "slurm" and cfg.ssh_check:
         ssh_check.preflight([h.host for h in plan.hosts], ssh, sys.executable, TASK_PY)
     return flavour, argv
+
+
+def check_ranks_here(cfg: RunConfig, hosts: Optional[Sequence[HostSlots]],
+                     cores: Optional[int] = None) -> None:
+    """Raise UsageError when the ranks placed on this machine (all of them without -H /
+    --hostfile) are more than OVERSUBSCRIBE_PER_CORE per core and --oversubscribe was not given:
+    such a job only thrashes (a mistyped -np starts thousands of processes)."""
+    if cfg.oversubscribe:
+        return
+    here = cfg.num_proc if hosts is None else sum(h.slots for h in hosts if ssh_check.is_local(h.host))
+    cores = cores or len(os.sched_getaffinity(0))
+    limit = OVERSUBSCRIBE_PER_CORE * cores
+    if here > limit:
+        raise UsageError(f"-np {cfg.num_proc} puts {here} ranks on this host, which has {cores} core"
+                         f"{'s' if cores != 1 else ''}: more than {limit} ({OVERSUBSCRIBE_PER_CORE} per core) "
+                         f"needs --oversubscribe")
 
 
 def _start_generation(cfg: RunConfig, status_dir: str) -> _Job:
