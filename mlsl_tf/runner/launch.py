@@ -3,11 +3,13 @@
 The I/O half of the launcher.  main() parses the command line, finds
 mpiexec (the one MLSL_TF_MPIEXEC names, else next to this Python, then on PATH) or srun, asks
 ``mpiexec --version`` which MPI it is, runs the launcher without a shell,
-forwards SIGINT/SIGTERM to it and returns its exit status.  The launcher gets
-SIGKILL from Linux if mlslrun dies, even by SIGKILL (PR_SET_PDEATHSIG): its
-per-host proxies then lose their connection to it and exit, and every rank's
-wrapper, seeing its parent gone, stops its rank (task.py).  (SIGTERM would not
-do: hydra's mpiexec only forwards a first SIGTERM to the ranks and waits.)
+forwards SIGINT/SIGTERM to it and returns its exit status.  The launcher runs
+under guard.py, a child subreaper that kills every process of the launch
+left when the launcher ends, when mlslrun asks, and when mlslrun dies, even
+by SIGKILL (its PR_SET_PDEATHSIG): hydra's proxies and the rank wrappers run
+in sessions of their own, and a proxy still starting ranks goes on starting
+them after mpiexec is gone.  Every rank's wrapper also stops its rank when
+its parent goes (task.py).
 
 While the job runs, mlslrun watches a status directory it creates in the
 local temp dir, where every rank's wrapper (task.py) writes a start marker
@@ -30,7 +32,6 @@ file system at the same path); on other hosts the ranks still run, but
 (and task.py creates the same temp path on such hosts, unused).
 """
 
-import ctypes
 import dataclasses
 import json
 import os
@@ -64,6 +65,9 @@ VERSION_TIMEOUT_S = 60.0
 EXIT_USAGE = 2
 EXIT_FAILURE = 1
 TASK_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "task.py")
+GUARD_PY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "guard.py")
+GUARD_KILL = signal.SIGUSR1  # guard.py: kill every process of the launch now
+GUARD_GRACE_S = 15.0  # guard.py's sweep takes at most 10 s; then the guard itself gets SIGKILL
 
 
 def _err(message: str) -> None:
@@ -320,38 +324,20 @@ def exit_code_of(returncode: int) -> int:
     return 128 - returncode if returncode < 0 else returncode
 
 
-def _kill_when_parent_dies():
-    """A preexec_fn giving the child SIGKILL when mlslrun's forking thread (the main one) dies,
-    even by SIGKILL (Linux PR_SET_PDEATHSIG; None where prctl is missing).  The child kills
-    itself if mlslrun died before the request took effect."""
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(child.PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-        if os.getppid() != parent:
-            os.kill(os.getpid(), signal.SIGKILL)
-
-    return preexec
-
-
 class _Job:
-    """The running launcher process and how it is stopped.
+    """The running launcher, under guard.py, and how it is stopped.
 
-    It runs in its own session, so a terminal's Ctrl-C reaches only mlslrun,
-    which forwards it once; a second Ctrl-C/SIGTERM kills the launcher's
-    process group.
+    The guard runs in its own session, so a terminal's Ctrl-C reaches only mlslrun, which forwards
+    it once; a second Ctrl-C/SIGTERM, or a stop() not obeyed within STOP_GRACE_S, has the guard
+    kill every process of the launch.  The guard kills them too when mlslrun dies.
     """
 
     def __init__(self, argv: Sequence[str]):
-        self.proc = subprocess.Popen(list(argv), start_new_session=True,
-                                     preexec_fn=_kill_when_parent_dies())
+        self.proc = subprocess.Popen([sys.executable, "-S", GUARD_PY, *argv], start_new_session=True)
         self.signals_received = 0
         self.first_signal: Optional[int] = None
         self._kill_at: Optional[float] = None
+        self._guard_kill_at: Optional[float] = None
 
     def on_signal(self, signum: int, _frame=None) -> None:
         self.signals_received += 1
@@ -368,13 +354,15 @@ class _Job:
             self._kill_at = time.monotonic() + STOP_GRACE_S
 
     def kill(self) -> None:
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
+        """The guard kills every process of the launch (itself too, if it does not)."""
+        if self._guard_kill_at is None:
+            self._send(GUARD_KILL)
+            self._guard_kill_at = time.monotonic() + GUARD_GRACE_S
+        elif time.monotonic() > self._guard_kill_at:
+            self._send(signal.SIGKILL)
 
     def poll(self) -> Optional[int]:
-        """The returncode once exited, else None; escalates an overdue stop()."""
+        """The returncode once exited, else None; escalates an overdue stop() or kill()."""
         code = self.proc.poll()
         if code is None and self._kill_at is not None and time.monotonic() > self._kill_at:
             self.kill()

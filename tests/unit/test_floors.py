@@ -50,6 +50,7 @@ RUNNER_FLOORS = {
     "mlsl_tf.runner.output": 0,       # the rank's output copies and tags (rank wrapper)
     "mlsl_tf.runner.pmi_relay": 0,    # the PMI connection through the rank wrapper
     "mlsl_tf.runner.worker_env": 0,   # HOROVOD_RANK, HOROVOD_HOSTNAME, ... of a worker (rank wrapper)
+    "mlsl_tf.runner.guard": 0,        # the launcher under a subreaper that leaves no process behind
     "mlsl_tf.runner.hosts": 1,        # -H, hostfiles
     "mlsl_tf.runner.rank_env": 1,     # the ranks' environment
     "mlsl_tf.runner.ssh": 1,          # ssh options and the check's verdicts

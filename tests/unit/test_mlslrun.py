@@ -741,3 +741,25 @@ def test_blame_names_the_rank_that_shut_down(tmp_path):
     assert launch.shut_down_peer(several) == 2
     own = status(0, code=1, t=2.0, failed_at=1.0, error="ValueError: rank 1 shut down the party")
     assert launch.shut_down_peer(own) is None and launch.blame(own, d) == own.describe()
+
+
+def test_far_more_ranks_than_cores_needs_oversubscribe(capsys):
+    code, _, err = run_main(capsys, "-np", "100000", "python", "-c", "pass")
+    cores = len(os.sched_getaffinity(0))
+    assert code == 2 and "Traceback" not in err
+    assert (f"mlslrun: error: -np 100000 puts 100000 ranks on this host, which has {cores} core" in err
+            and "needs --oversubscribe" in err), err
+
+
+def test_ranks_here_counts_only_this_machines_hosts():
+    from mlsl_tf.runner.argv import parse_args
+    from mlsl_tf.runner.config import HostSlots, UsageError
+    cfg = parse_args(["-np", "9", "python"])
+    with pytest.raises(UsageError, match="-np 9 puts 9 ranks on this host, which has 2 cores: more than 8"):
+        launch.check_ranks_here(cfg, None, cores=2)
+    launch.check_ranks_here(cfg, None, cores=3)  # 9 <= 12
+    launch.check_ranks_here(parse_args(["-np", "9", "--oversubscribe", "python"]), None, cores=2)
+    # ranks on other hosts are theirs to carry; local names count
+    launch.check_ranks_here(cfg, [HostSlots("localhost", 1), HostSlots("node-b.invalid", 8)], cores=2)
+    with pytest.raises(UsageError, match="puts 9 ranks on this host"):
+        launch.check_ranks_here(cfg, [HostSlots("localhost", 5), HostSlots("127.0.0.1", 4)], cores=2)
