@@ -1,8 +1,10 @@
 """Accuracy on real data: a small CNN trained to convergence on real handwritten digits with
-mlsl_tf on N ranks, per gradient compression and with cross-iteration overlap on and off.
+mlsl_tf on N ranks, per gradient compression, per Keras precision policy and with
+cross-iteration overlap on and off.
 
     python benchmarks/convergence.py [--np 2,4] [--compressions none,fp16,bf16,bf16_ef]
-                                     [--overlap on,off] [--epochs 10] [--dataset mnist]
+                                     [--policies float32,mixed_bfloat16] [--overlap on,off]
+                                     [--epochs 10] [--dataset mnist]
                                      [--out convergence.jsonl] [--plot convergence.png]
 
 Data sets (both ship inside their PyPI wheel; nothing is downloaded at run time):
@@ -13,21 +15,23 @@ Each is split once into a fixed, stratified training set and test set (80/20, se
 
 Every job is `mlslrun -np N` of this file in worker mode, one job per (ranks, overlap): off is
 MLSL_TF_CROSS_ITERATION=0 in the job's environment, on is the default. A worker does
-`import mlsl_tf.keras as hvd; hvd.init()` right after its imports and then, for each
-compression in turn, as a Horovod user does: seeds Keras with the same seed for every
-compression (plus its rank, so the ranks differ until rank 0's weights are broadcast), builds
-the CNN, compiles it with `hvd.DistributedOptimizer(Adam(1e-3 * N, cosine decay to 0 over the
+`import mlsl_tf.keras as hvd; hvd.init()` right after its imports and then, for each policy
+and each compression in turn, as a Horovod user does: sets Keras' global policy (float32, or
+mixed_bfloat16: bf16 compute, float32 variables, the softmax layer in float32 as Keras advises),
+seeds Keras with the same seed for every run (plus its rank, so the ranks differ until rank 0's
+weights are broadcast), builds the CNN, compiles it with `hvd.DistributedOptimizer(Adam(1e-3 * N, cosine decay to 0 over the
 run), compression=...)`, and runs
 `model.fit` on its shard of the training set (every N-th example, batch 32 per rank) with
 BroadcastGlobalVariablesCallback(0) and MetricAverageCallback. After every epoch each rank
 scores the whole test set with its own weights; the ranks' accuracies must be identical (the
 job fails otherwise) and rank 0 prints them.
 
-Output (stdout and --out): one JSON line per (np, compression, overlap, epoch) with
+Output (stdout and --out): one JSON line per (np, policy, compression, overlap, epoch) with
 `test_accuracy`, `train_loss` (averaged over ranks) and `epoch_s`, then one line per run with
 `final_test_accuracy` (the last epoch's), `points_vs_none` (100 x its difference from the
-`none` run of the same ranks and overlap, when that ran) and `init_checksum` (a sum of the
-broadcast initial weights: equal for every compression of a job). --plot draws the test
+`none` run of the same ranks, policy and overlap, when that ran), `points_vs_float32` (the same
+against the float32 run of the same compression) and `init_checksum` (a sum of the broadcast
+initial weights: equal for every run of a job). --plot draws the test
 accuracy per epoch, one panel per rank count.
 """
 
@@ -44,6 +48,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 COMPRESSIONS = ("none", "fp16", "bf16", "bf16_ef")
 OVERLAPS = ("on", "off")
+POLICIES = ("float32", "mixed_bfloat16")
 DATASETS = ("mnist", "digits")
 LAUNCHER_ENV = ("PMI_", "PMIX_", "HYD", "MPI_LOCAL", "OMPI_")  # what a nested launcher must not inherit
 
@@ -82,7 +87,7 @@ def build_model(keras, shape):
     if not small:
         layers.append(keras.layers.MaxPooling2D())
     layers += [keras.layers.Flatten(), keras.layers.Dense(64, activation="relu"),
-               keras.layers.Dense(10, activation="softmax")]
+               keras.layers.Dense(10, activation="softmax", dtype="float32")]  # float32 under any policy
     return keras.Sequential(layers)
 
 
@@ -98,13 +103,14 @@ def worker(ns):
     # Every rank must run the same number of steps per epoch: cut every shard to the smallest.
     n = min(hvd.allgather_object(len(x_train), name="convergence.shard_sizes"))
     x_train, y_train = x_train[:n], y_train[:n]
-    for compression in ns.compressions:
-        keras.backend.clear_session()
+    for policy, compression in [(p, c) for p in ns.policies for c in ns.compressions]:
+        keras.backend.clear_session()  # it also resets the global policy: set it after
+        keras.mixed_precision.set_global_policy(policy)
         keras.utils.set_random_seed(ns.seed + hvd.rank())  # rank 0's weights are broadcast
         model = build_model(keras, x_train.shape[1:])
         # Cosine decay to 0 over the run: the last epochs settle instead of hopping around a minimum.
         lr = keras.optimizers.schedules.CosineDecay(ns.lr * hvd.size(), ns.epochs * (n // ns.batch))
-        opt = hvd.DistributedOptimizer(keras.optimizers.Adam(lr), name=f"conv_{compression}",
+        opt = hvd.DistributedOptimizer(keras.optimizers.Adam(lr), name=f"conv_{policy}_{compression}",
                                        compression=getattr(hvd.Compression, compression))
         model.compile(optimizer=opt, loss="sparse_categorical_crossentropy")
         state = {"t": time.perf_counter(), "acc": None, "checksum": None}
@@ -112,17 +118,18 @@ def worker(ns):
         def on_train_begin(logs, state=state, model=model):  # runs after the broadcast callback's
             state["checksum"] = float(sum(np.sum(w.astype(np.float64)) for w in model.get_weights()))
 
-        def on_epoch_end(epoch, logs, state=state, model=model, compression=compression):
+        def on_epoch_end(epoch, logs, state=state, model=model, compression=compression, policy=policy):
             epoch_s = time.perf_counter() - state["t"]
             pred = np.argmax(model.predict(x_test, batch_size=500, verbose=0), axis=1)
             acc = float(np.mean(pred == y_test))
-            everyone = hvd.allgather_object(acc, name=f"convergence.acc.{compression}.{epoch}")
+            everyone = hvd.allgather_object(acc, name=f"convergence.acc.{policy}.{compression}.{epoch}")
             if len(set(everyone)) != 1:
-                raise RuntimeError(f"{compression}, epoch {epoch + 1}: the ranks' test accuracies differ: {everyone}")
+                raise RuntimeError(f"{policy}, {compression}, epoch {epoch + 1}: the ranks' test accuracies "
+                                   f"differ: {everyone}")
             state["acc"] = acc
             if hvd.rank() == 0:
-                print(json.dumps({"conv": {"np": hvd.size(), "compression": compression, "overlap": overlap,
-                                           "epoch": epoch + 1, "test_accuracy": round(acc, 4),
+                print(json.dumps({"conv": {"np": hvd.size(), "compression": compression, "policy": policy,
+                                           "overlap": overlap, "epoch": epoch + 1, "test_accuracy": round(acc, 4),
                                            "train_loss": round(float(logs["loss"]), 4),
                                            "epoch_s": round(epoch_s, 2)}}), flush=True)
             state["t"] = time.perf_counter()
@@ -135,8 +142,8 @@ def worker(ns):
                              keras.callbacks.LambdaCallback(on_train_begin=on_train_begin,
                                                             on_epoch_end=on_epoch_end)])
         if hvd.rank() == 0:
-            print(json.dumps({"conv": {"np": hvd.size(), "compression": compression, "overlap": overlap,
-                                       "epoch": ns.epochs, "final_test_accuracy": round(state["acc"], 4),
+            print(json.dumps({"conv": {"np": hvd.size(), "compression": compression, "policy": policy,
+                                       "overlap": overlap, "epoch": ns.epochs, "final_test_accuracy": round(state["acc"], 4),
                                        "train_s": round(time.perf_counter() - start, 1),
                                        "init_checksum": state["checksum"], "dataset": ns.dataset,
                                        "train_examples": len(y_fit) * hvd.size(), "test_examples": len(y_test)}}),
@@ -149,6 +156,7 @@ def job_argv(ns, np_, overlap):
     python = ns.python
     argv = [python, "-m", "mlsl_tf.runner", "-np", str(np_), "--no-tag-output", python, os.path.abspath(__file__),
             "--worker", "--dataset", ns.dataset, "--compressions", ",".join(ns.compressions),
+            "--policies", ",".join(ns.policies),
             "--epochs", str(ns.epochs), "--batch", str(ns.batch), "--lr", repr(ns.lr), "--seed", str(ns.seed)]
     env = {k: v for k, v in os.environ.items() if not k.startswith(LAUNCHER_ENV) and not k.startswith("MLSL_TF_")}
     if overlap == "off":
@@ -209,10 +217,14 @@ def orchestrate(ns):
 
     def emit(row):
         if "final_test_accuracy" in row:
-            none = [r for r in rows if "final_test_accuracy" in r and r["compression"] == "none"
-                    and r["np"] == row["np"] and r["overlap"] == row["overlap"]]
+            done = [r for r in rows if "final_test_accuracy" in r and r["np"] == row["np"]
+                    and r["overlap"] == row["overlap"]]
+            none = [r for r in done if r["compression"] == "none" and r["policy"] == row["policy"]]
             if none and row["compression"] != "none":
                 row["points_vs_none"] = round(100 * (row["final_test_accuracy"] - none[0]["final_test_accuracy"]), 2)
+            f32 = [r for r in done if r["policy"] == "float32" and r["compression"] == row["compression"]]
+            if f32 and row["policy"] != "float32":
+                row["points_vs_float32"] = round(100 * (row["final_test_accuracy"] - f32[0]["final_test_accuracy"]), 2)
         rows.append(row)
         line = json.dumps(row)
         print(line, flush=True)
@@ -246,16 +258,19 @@ def plot(rows, path):
     colors = dict(zip(COMPRESSIONS, ("black", "tab:orange", "tab:blue", "tab:green")))
     low = 1.0
     for ax, np_ in zip(axes[0], nps):
-        runs = sorted({(r["compression"], r["overlap"]) for r in rows if r["np"] == np_ and "test_accuracy" in r},
-                      key=lambda k: (COMPRESSIONS.index(k[0]), k[1]))
-        for compression, overlap in runs:
+        runs = sorted({(r["compression"], r.get("policy", "float32"), r["overlap"]) for r in rows
+                       if r["np"] == np_ and "test_accuracy" in r},
+                      key=lambda k: (COMPRESSIONS.index(k[0]), POLICIES.index(k[1]), k[2]))
+        for compression, policy, overlap in runs:
             pts = sorted((r["epoch"], r["test_accuracy"]) for r in rows if r["np"] == np_ and "test_accuracy" in r
-                         and r["compression"] == compression and r["overlap"] == overlap)
+                         and r["compression"] == compression and r.get("policy", "float32") == policy
+                         and r["overlap"] == overlap)
             xs, ys = zip(*pts)
             low = min([low] + list(ys))
             ax.plot(xs, [100 * y for y in ys], color=colors.get(compression), linewidth=1.5 if overlap == "on" else 1,
-                    marker="o" if overlap == "on" else "x", markersize=4, linestyle="-" if overlap == "on" else ":",
-                    label=f"{compression}, overlap {overlap}")
+                    marker="o" if overlap == "on" else "x", markersize=4,
+                    linestyle=("-" if overlap == "on" else ":") if policy == "float32" else "--",
+                    label=f"{compression}{'' if policy == 'float32' else ', ' + policy}, overlap {overlap}")
         ax.set_title(f"{np_} ranks")
         ax.set_xlabel("epoch")
         ax.grid(alpha=0.3)
@@ -295,6 +310,8 @@ def parse(argv):
     p.add_argument("--np", type=ranks, default="2,4", help="rank counts, e.g. 2,4")
     p.add_argument("--compressions", type=choices(COMPRESSIONS, "compression"), default=",".join(COMPRESSIONS),
                    help="compressions, in the order they run in each job")
+    p.add_argument("--policies", type=choices(POLICIES, "policy"), default="float32",
+                   help="Keras global precision policies, each run with every compression")
     p.add_argument("--overlap", type=choices(OVERLAPS, "overlap setting"), default=",".join(OVERLAPS),
                    help="cross-iteration overlap: on (the default of mlsl_tf), off (MLSL_TF_CROSS_ITERATION=0)")
     p.add_argument("--epochs", type=int, default=10, help="epochs per run")
@@ -311,7 +328,7 @@ def parse(argv):
     ns = p.parse_args(argv)
     if ns.epochs < 1 or ns.batch < 1 or not ns.lr > 0 or ns.timeout < 1:
         p.error("--epochs, --batch and --timeout must be >= 1 and --lr > 0")
-    for what in ("compressions", "overlap", "np"):
+    for what in ("compressions", "policies", "overlap", "np"):
         values = getattr(ns, what)
         if len(set(values)) != len(values):
             p.error(f"--{what} lists a value twice: {values}")

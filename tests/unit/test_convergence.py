@@ -1,6 +1,7 @@
-"""benchmarks/convergence.py: bf16 gradients train the MNIST CNN to within 1 point of float32's
-test accuracy on 2 ranks (a short run of the benchmark, launched as users launch it), and the
-benchmark's pure parts (options, how each job is launched, the plot)."""
+"""benchmarks/convergence.py: bf16 gradients, and Keras' mixed_bfloat16 policy, train the MNIST
+CNN to within 1 point of float32's test accuracy on 2 ranks (a short run of the benchmark,
+launched as users launch it), and the benchmark's pure parts (options, how each job is launched,
+the plot)."""
 
 import json
 import os
@@ -18,18 +19,21 @@ import convergence  # noqa: E402
 EPOCHS = 5
 
 
-def test_bf16_within_one_point_of_float32_on_2_ranks(tmp_path):
+def test_bf16_and_mixed_bfloat16_within_one_point_of_float32_on_2_ranks(tmp_path):
     out = tmp_path / "conv.jsonl"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "OMPI_", "MLSL_TF_"))}
     env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
     proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "convergence.py"), "--np", "2",
-                           "--compressions", "none,bf16", "--overlap", "on", "--epochs", str(EPOCHS),
+                           "--compressions", "none,bf16", "--policies", "float32,mixed_bfloat16",
+                           "--overlap", "on", "--epochs", str(EPOCHS),
                            "--out", str(out)], env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    final = {r["compression"]: r for r in rows if "final_test_accuracy" in r}
-    curve = {c: [r for r in rows if r.get("compression") == c and "test_accuracy" in r] for c in final}
-    print({c: r["final_test_accuracy"] for c, r in final.items()})  # shown by pytest -s or on failure
+    runs = {(r["policy"], r["compression"]): r for r in rows if "final_test_accuracy" in r}
+    final = {c: r for (p, c), r in runs.items() if p == "float32"}
+    curve = {c: [r for r in rows if r.get("compression") == c and r.get("policy") == "float32" and "test_accuracy" in r]
+             for c in final}
+    print({k: r["final_test_accuracy"] for k, r in runs.items()})  # shown by pytest -s or on failure
     assert sorted(final) == ["bf16", "none"] and all(len(curve[c]) == EPOCHS for c in final)
     assert final["none"]["dataset"] == "mnist" and final["none"]["test_examples"] == 1000
     # The same initial weights (rank 0's, broadcast) for both runs, and bf16 really was on the
@@ -42,6 +46,17 @@ def test_bf16_within_one_point_of_float32_on_2_ranks(tmp_path):
     assert abs(final["bf16"]["final_test_accuracy"] - final["none"]["final_test_accuracy"]) <= 0.01, final
     assert final["bf16"]["points_vs_none"] == pytest.approx(
         100 * (final["bf16"]["final_test_accuracy"] - final["none"]["final_test_accuracy"]), abs=0.011)
+    # Under mixed_bfloat16 (bf16 compute, float32 variables), with float32 and with bf16 gradients:
+    # the same initial weights, a different training, and within 1 point of float32's.
+    for c in ("none", "bf16"):
+        mixed = runs[("mixed_bfloat16", c)]
+        assert mixed["init_checksum"] == final["none"]["init_checksum"]
+        assert abs(mixed["final_test_accuracy"] - final[c]["final_test_accuracy"]) <= 0.01, runs
+        assert mixed["points_vs_float32"] == pytest.approx(
+            100 * (mixed["final_test_accuracy"] - final[c]["final_test_accuracy"]), abs=0.011)
+    mixed_curve = [r["train_loss"] for r in rows if r.get("policy") == "mixed_bfloat16" and r["compression"] == "none"
+                   and "test_accuracy" in r]
+    assert mixed_curve != [r["train_loss"] for r in curve["none"]]
 
 
 def test_options_are_checked_with_clear_errors(capsys):
