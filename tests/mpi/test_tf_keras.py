@@ -102,6 +102,62 @@ def test_mixed_float16_loss_scaling_reduces_each_gradient_once(kind, wrapping):
 
 
 @pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("wrapping", ["keras_wraps", "user_wraps"])
+def test_mixed_float16_overflow_on_one_rank_is_skipped_on_every_rank(kind, wrapping):
+    """tf_keras under mixed_float16, both orders: the last rank's batch overflows float16, the
+    others' do not. The gradients are checked for inf/NaN after they are reduced, so every rank
+    skips the step and halves its loss scale alike; the next, finite step is applied everywhere."""
+    from tf_keras import mixed_precision
+    previous = mixed_precision.global_policy()
+    mixed_precision.set_global_policy("mixed_float16")
+    try:
+        x, y = _data(steps=2)
+        model = _model()
+        inner = OPTIMIZERS[kind]()
+        if wrapping == "user_wraps":
+            inner = mixed_precision.LossScaleOptimizer(inner)
+        model.compile(optimizer=hvd.DistributedOptimizer(inner), loss="mse")
+        lso = model.optimizer  # user_wraps: DistributedOptimizer made an LSO of its own from inner's config
+        assert isinstance(lso, mixed_precision.LossScaleOptimizer)
+        scale = float(lso.loss_scale)
+        before = model.get_weights()
+        xs, ys = _shard(x), _shard(y)
+        bad = xs[:B] * (1e6 if R == N - 1 else 1.0)  # 1e6 is inf in float16
+        model.train_on_batch(bad, ys[:B])
+        _assert_close(model.get_weights(), before, tol=0)  # skipped everywhere
+        assert float(lso.loss_scale) == scale / 2
+        model.train_on_batch(xs[B:2 * B], ys[B:2 * B])
+        assert max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), before)) > 0
+        _assert_same_on_all_ranks(model.get_weights() + [np.float32(lso.loss_scale)])
+    finally:
+        mixed_precision.set_global_policy(previous)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
+def test_mixed_bfloat16_fit_matches_one_process(kind):
+    """tf_keras under mixed_bfloat16 (bf16 compute, float32 variables): the float32 weights follow
+    one process on the global batch under the same policy to within bf16's rounding."""
+    from tf_keras import mixed_precision
+    previous = mixed_precision.global_policy()
+    mixed_precision.set_global_policy("mixed_bfloat16")
+    try:
+        x, y = _data()
+        model, ref = _model(), _model()
+        assert model.layers[0].compute_dtype == "bfloat16" and model.layers[0].kernel.dtype == tf.float32
+        initial = ref.get_weights()
+        model.compile(optimizer=hvd.DistributedOptimizer(OPTIMIZERS[kind]()), loss="mse")
+        ref.compile(optimizer=OPTIMIZERS[kind](), loss="mse")
+        model.fit(_shard(x), _shard(y), batch_size=B, epochs=1, shuffle=False, verbose=0)
+        ref.fit(x, y, batch_size=N * B, epochs=1, shuffle=False, verbose=0)
+        moved = max(float(np.max(np.abs(r - i))) for r, i in zip(ref.get_weights(), initial))
+        apart = max(float(np.max(np.abs(d - r))) for d, r in zip(model.get_weights(), ref.get_weights()))
+        assert moved > 0.05 and apart < 0.05 * moved, (apart, moved)
+        _assert_same_on_all_ranks(model.get_weights())
+    finally:
+        mixed_precision.set_global_policy(previous)
+
+
+@pytest.mark.parametrize("kind", sorted(OPTIMIZERS))
 def test_fit_matches_one_process_on_the_global_batch(kind):
     x, y = _data()
     model = _model()
