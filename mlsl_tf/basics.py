@@ -154,20 +154,34 @@ def set_progress_output(ranks=0):
         (tf_keras.utils.enable_interactive_logging if show else tf_keras.utils.disable_interactive_logging)()
 
 
+# What modules above this one do around shutdown(), registered by them when imported (this
+# module never imports upward): before the core stops (cross-iteration overlap applies the updates
+# it deferred) and after (process sets forget their ids).
+_before_shutdown = []
+_after_shutdown = []
+
+
+def on_shutdown(before=None, after=None):
+    """Registers `before()` to run while the runtime still works and `after()` once it stopped."""
+    if before is not None:
+        _before_shutdown.append(before)
+    if after is not None:
+        _after_shutdown.append(after)
+
+
 def shutdown():
     """Stops the runtime on this rank. Other ranks' pending collectives then fail with an error
     naming this rank. init() may be called again afterwards. Optimizer updates still deferred
     (cross-iteration overlap) are applied first."""
-    overlap = sys.modules.get("mlsl_tf.overlap")
-    if overlap is not None and is_initialized():
-        try:
-            overlap.flush_all()
-        except Exception as e:  # a peer already gone: its reductions fail, shut down anyway
-            print(f"mlsl_tf: shutdown could not apply deferred updates: {e}", file=sys.stderr)
+    if is_initialized():
+        for hook in _before_shutdown:
+            try:
+                hook()
+            except Exception as e:  # a peer already gone: its reductions fail, shut down anyway
+                print(f"mlsl_tf: shutdown could not apply deferred updates: {e}", file=sys.stderr)
     _library.c_api().mlsl_tf_shutdown()
-    groups = sys.modules.get("mlsl_tf.groups")
-    if groups is not None:
-        groups._forget_all()  # the core forgot them
+    for hook in _after_shutdown:
+        hook()
 
 
 def start_timeline(file_path, mark_cycles=False):

@@ -39,7 +39,7 @@ def broadcast_variables(variables, root_rank, process_set=None):
         for i, (v, (group, root)) in enumerate(zip(variables, placements)):
             vname = getattr(v, "path", None) or v.name
             assigns.append(v.assign(ops.broadcast(
-                v, root, name=f"mlsl.broadcast_variables.{i}.{ops._normalize_name(vname)}", ignore_name_scope=True,
+                v, root, name=f"mlsl.broadcast_variables.{i}.{ops.normalize_name(vname)}", ignore_name_scope=True,
                 process_set=group)))
         return tf.group(*assigns)
 
@@ -73,7 +73,7 @@ def broadcast_global_variables(root_rank):
                            "variables); use mlsl_tf.broadcast_variables(model.variables, root_rank) instead")
     return tf.group(*[
         tf.compat.v1.assign(v, ops.broadcast(v, root_rank, ignore_name_scope=True,
-                                             name=f"mlsl.broadcast_global.{ops._normalize_name(v.name)}"))
+                                             name=f"mlsl.broadcast_global.{ops.normalize_name(v.name)}"))
         for v in tf.compat.v1.global_variables()])
 
 

@@ -272,6 +272,9 @@ def _forget_all():
     _data_parallel_of.clear()
 
 
+basics.on_shutdown(after=_forget_all)  # the core forgot them
+
+
 # ---- the grid -----------------------------------------------------------------------------
 
 Grid = collections.namedtuple("Grid", ["model_parallel", "data_parallel"])

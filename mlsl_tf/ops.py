@@ -24,7 +24,7 @@ def _ops():
     return _library.load_ops()
 
 
-def _normalize_name(name):
+def normalize_name(name):
     return re.sub("[^a-zA-Z0-9_]", "_", name)
 
 
@@ -86,7 +86,7 @@ def _resolve_op(op, average, default=Average):
     return op
 
 
-def _check_adasum(process_set, compression):
+def check_adasum(process_set, compression):
     """Adasum's limits, raised on every rank before anything is enqueued (the group's size is
     the same everywhere): a power-of-two number of ranks, as Horovod's CPU Adasum; no bf16 wire
     (the dot products need the tensor's own values)."""
@@ -96,7 +96,7 @@ def _check_adasum(process_set, compression):
     n = _group_size(process_set)  # also on a rank outside the group: its collective fails later, by name
     if n & (n - 1):
         raise NotImplementedError(f"the Adasum reduction needs a power-of-two number of ranks (1, 2, 4, 8 ...); "
-                                  f"this {'group' if _group_id(process_set) else 'job'} has {n}")
+                                  f"this {'group' if group_id_of(process_set) else 'job'} has {n}")
 
 
 def _group(process_set, group):
@@ -108,7 +108,8 @@ def _group(process_set, group):
     return group
 
 
-def _group_id(process_set):
+def group_id_of(process_set):
+    """The core's id of `process_set` (a ProcessSet or its id; None: the world, 0)."""
     if process_set is None:
         return 0
     from mlsl_tf.groups import _group_id_of
@@ -118,7 +119,7 @@ def _group_id(process_set):
 def _registered(process_set):
     """The registered ProcessSet that `process_set` (a ProcessSet or its id; None: the world) names."""
     from mlsl_tf.groups import process_set_by_id
-    return process_set_by_id(_group_id(process_set))
+    return process_set_by_id(group_id_of(process_set))
 
 
 def _group_size(process_set):
@@ -131,9 +132,9 @@ def process_set_included(process_set):
     return _registered(process_set).included()
 
 
-def _group_rank_and_size(process_set):
+def group_rank_and_size(process_set):
     """This rank's index in the group and the group's size (the world's for None / id 0)."""
-    group_id = _group_id(process_set)
+    group_id = group_id_of(process_set)
     if group_id == 0:
         return rank(), size()
     from mlsl_tf.groups import group_rank_and_size
@@ -153,7 +154,7 @@ def _allreduce(tensor, op=Sum, prescale_factor=1.0, postscale_factor=1.0, name=N
     tensor_name = _tensor_name(name, "MlslAllreduce", ignore_name_scope)
     return _ops().mlsl_allreduce(
         tensor, tensor_name, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        priority=priority, process_set_id=_group_id(process_set), wire_dtype=compression.wire)
+        priority=priority, process_set_id=group_id_of(process_set), wire_dtype=compression.wire)
 
 
 def allreduce(tensor, average=None, device_dense="", device_sparse="", compression=Compression.none, op=None,
@@ -168,7 +169,7 @@ def allreduce(tensor, average=None, device_dense="", device_sparse="", compressi
         _check_sparse_op(op, prescale_factor, postscale_factor)
         return _allreduce_sparse(tensor, op, name, process_set, ignore_name_scope, priority)
     if op == Adasum:
-        _check_adasum(process_set, compression)
+        check_adasum(process_set, compression)
     tensor = tf.convert_to_tensor(tensor)
     compressed, ctx = compression.compress(tensor)
     reduced = _allreduce(compressed, op, prescale_factor, postscale_factor, name, process_set, ignore_name_scope,
@@ -193,7 +194,7 @@ def _allreduce_sparse(tensor, op, name, process_set, ignore_name_scope, priority
     indices = allgather(tensor.indices, name=None if name is None else name + ".indices",
                         process_set=process_set, ignore_name_scope=ignore_name_scope, priority=priority)
     if op == Average:
-        values = values / tf.cast(_group_rank_and_size(process_set)[1], values.dtype)
+        values = values / tf.cast(group_rank_and_size(process_set)[1], values.dtype)
     return tf.IndexedSlices(values, indices, dense_shape=tensor.dense_shape)
 
 
@@ -223,7 +224,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
     if not tensors:
         return []
     if op == Adasum:  # each tensor is still combined on its own (the core never fuses Adasum)
-        _check_adasum(process_set, compression)
+        check_adasum(process_set, compression)
     compressed = [compression.compress(t) for t in tensors]
     by_dtype = {}
     for i, (t, _) in enumerate(compressed):
@@ -236,7 +237,7 @@ def grouped_allreduce(tensors, average=None, device_dense="", device_sparse="", 
         tensor_name = _tensor_name(base, "MlslGroupedAllreduce", ignore_name_scope)
         out = _ops().mlsl_grouped_allreduce(
             members, tensor_name, reduce_op=op, prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-            priority=priority, process_set_id=_group_id(process_set),
+            priority=priority, process_set_id=group_id_of(process_set),
             wire_dtype=compression.wire)
         for i, o in zip(idx, out):
             results[i] = compression.decompress(o, compressed[i][1])
@@ -249,7 +250,7 @@ def allgather(tensor, name=None, ignore_name_scope=False, process_set=None, prio
     process_set = _group(process_set, group)
     tensor = tf.convert_to_tensor(tensor)
     return _ops().mlsl_allgather(tensor, _tensor_name(name, "MlslAllgather", ignore_name_scope),
-                                 priority=priority, process_set_id=_group_id(process_set))
+                                 priority=priority, process_set_id=group_id_of(process_set))
 
 
 def _root_index(root_rank, group_id):
@@ -269,7 +270,7 @@ def _root_index(root_rank, group_id):
 def broadcast(tensor, root_rank, name=None, ignore_name_scope=False, process_set=None, priority=0, group=None):
     """Every rank receives root_rank's tensor. With `group` (alias of `process_set`), every
     member receives it from root_rank, which is a world rank and must be a member, as in Horovod."""
-    group_id = _group_id(_group(process_set, group))
+    group_id = group_id_of(_group(process_set, group))
     tensor = tf.convert_to_tensor(tensor)
     return _ops().mlsl_broadcast(tensor, _tensor_name(name, "MlslBroadcast", ignore_name_scope),
                                  root_rank=_root_index(root_rank, group_id),
@@ -287,7 +288,7 @@ def alltoall(tensor, splits=None, name=None, ignore_name_scope=False, process_se
     splits = tf.cast(tf.convert_to_tensor(splits), tf.int32) if given else tf.zeros([0], tf.int32)
     received, received_splits = _ops().mlsl_alltoall(
         tensor, splits, _tensor_name(name, "MlslAlltoall", ignore_name_scope), priority=priority,
-        process_set_id=_group_id(process_set))
+        process_set_id=group_id_of(process_set))
     return (received, received_splits) if given else received
 
 
@@ -305,7 +306,7 @@ def reducescatter(tensor, device_dense="", compression=Compression.none, op=Aver
     out = _ops().mlsl_reducescatter(
         compressed, _tensor_name(name, "MlslReducescatter", ignore_name_scope), reduce_op=op,
         prescale_factor=prescale_factor, postscale_factor=postscale_factor,
-        priority=priority, process_set_id=_group_id(process_set), wire_dtype=compression.wire)
+        priority=priority, process_set_id=group_id_of(process_set), wire_dtype=compression.wire)
     return compression.decompress(out, ctx)
 
 
@@ -332,7 +333,7 @@ def grouped_reducescatter(tensors, device_dense="", compression=Compression.none
 def barrier(process_set=None, name=None, group=None):
     """Returns when every rank (every member of `group`, alias of `process_set`) has reached it."""
     process_set = _group(process_set, group)
-    return _ops().mlsl_barrier(tensor_name=name or "", process_set_id=_group_id(process_set))
+    return _ops().mlsl_barrier(tensor_name=name or "", process_set_id=group_id_of(process_set))
 
 
 def join():
@@ -401,7 +402,7 @@ def _allgather_grad(op, grad):
     grad = _allreduce(grad, Average, process_set=group)
     rows = tf.shape(op.inputs[0], out_type=tf.int64)[:1]
     all_rows = allgather(rows, process_set=group)
-    offset = tf.reduce_sum(all_rows[:_group_rank_and_size(group)[0]])
+    offset = tf.reduce_sum(all_rows[:group_rank_and_size(group)[0]])
     return grad[offset:offset + rows[0]], None
 
 
@@ -410,7 +411,7 @@ def _broadcast_grad(op, grad):
     """The upstream gradient averaged over the group's ranks, at the root; zero elsewhere (Horovod's)."""
     group = op.get_attr("process_set_id")
     reduced = _allreduce(grad, Average, process_set=group)
-    if _group_rank_and_size(group)[0] != op.get_attr("root_rank"):  # the op's attr: the root's index in the group
+    if group_rank_and_size(group)[0] != op.get_attr("root_rank"):  # the op's attr: the root's index in the group
         return reduced * 0, None
     return reduced, None
 
@@ -428,5 +429,5 @@ def _reducescatter_grad(op, grad):
     out = allgather(grad, process_set=group)
     scale = op.get_attr("prescale_factor") * op.get_attr("postscale_factor")
     if reduce_op == Average:
-        scale /= _group_rank_and_size(group)[1]
+        scale /= group_rank_and_size(group)[1]
     return (out * tf.cast(scale, out.dtype) if scale != 1.0 else out), None

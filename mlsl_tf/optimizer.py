@@ -49,7 +49,7 @@ class ReduceOptions:
         if op not in (ops.Average, ops.Sum, ops.Adasum):
             raise ValueError("gradients can be reduced only with mlsl_tf.Average, mlsl_tf.Sum or mlsl_tf.Adasum")
         if op == ops.Adasum:  # the deferred (cross-iteration) reductions bypass ops.allreduce's checks
-            ops._check_adasum(process_set, compression)
+            ops.check_adasum(process_set, compression)
         if gradient_predivide_factor != 1.0 and op != ops.Average:
             raise ValueError("gradient_predivide_factor requires op=mlsl_tf.Average")
         if groups is None and num_groups:
@@ -96,7 +96,7 @@ class ReduceOptions:
 
     def scaled_local(self, grad):
         """A local variable's gradient divided by the group's size (Horovod's scale_local_gradients)."""
-        count = ops._group_rank_and_size(self.process_set)[1]
+        count = ops.group_rank_and_size(self.process_set)[1]
         if count == 1:
             return grad
         if isinstance(grad, tf.IndexedSlices):
@@ -117,7 +117,7 @@ class ReduceOptions:
     def member(self):
         """Whether this rank takes part in the reduction: on a rank outside `process_set`, as in
         Horovod, the gradients stay local."""
-        return self.process_set is None or ops._group_id(self.process_set) == 0 or \
+        return self.process_set is None or ops.group_id_of(self.process_set) == 0 or \
             ops.process_set_included(self.process_set)
 
     def reduce(self, grads, indices, index_of=None):

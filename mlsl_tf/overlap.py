@@ -46,8 +46,8 @@ import weakref
 
 import tensorflow as tf
 
-from mlsl_tf import _library, keras3_compat
-from mlsl_tf.ops import _group_id
+from mlsl_tf import _library, basics, keras3_compat
+from mlsl_tf.ops import group_id_of
 
 SETTING = "MLSL_TF_CROSS_ITERATION"
 _log = logging.getLogger("mlsl_tf")
@@ -369,7 +369,7 @@ class Deferral:
         _ops().mlsl_start_allreduce(
             compressed, keras3_compat.resource_handle(var), reduce_op=options.op, prescale_factor=prescale,
             postscale_factor=postscale, tensor_name=record.name, priority=record.priority,
-            process_set_id=_group_id(options.process_set), wire_dtype=options.compression.wire)
+            process_set_id=group_id_of(options.process_set), wire_dtype=options.compression.wire)
         if not tf.executing_eagerly():
             _graph_takes.setdefault(tf.compat.v1.get_default_graph(), set()).discard(id(var))
 
@@ -378,3 +378,6 @@ def flush_all():
     """Applies every deferred update still pending (eager); before shutdown."""
     for deferral in list(_deferrals):
         deferral.flush()
+
+
+basics.on_shutdown(before=flush_all)

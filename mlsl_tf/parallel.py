@@ -40,7 +40,7 @@ def _grad_name(name):
 
 def _rank_and_size(group, what):
     try:
-        return ops._group_rank_and_size(group)
+        return ops.group_rank_and_size(group)
     except ValueError as e:
         raise ValueError(f"{what}: {e}") from None
 

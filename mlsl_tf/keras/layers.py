@@ -77,7 +77,7 @@ class _ParallelDense(keras.layers.Layer):
             group = process_set_by_id(group)
         self.units = units
         self.group = group
-        self.group_rank, self.group_size = ops._group_rank_and_size(group)
+        self.group_rank, self.group_size = ops.group_rank_and_size(group)
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
         self.seed = _BASE_SEED + 2 * next(_constructed) if seed is None else int(seed)

@@ -73,10 +73,32 @@ def module_name(path):
     return ".".join(parts)
 
 
+def _names_a_module_reached_by_name(node):
+    """The mlsl_tf module a `sys.modules[...]`, `sys.modules.get(...)` or
+    `importlib.import_module(...)` expression reaches, or None."""
+    def is_sys_modules(n):
+        return isinstance(n, ast.Attribute) and n.attr == "modules" and isinstance(n.value, ast.Name) \
+            and n.value.id == "sys"
+    arg = None
+    if isinstance(node, ast.Subscript) and is_sys_modules(node.value):
+        arg = node.slice
+    elif isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Attribute) and (
+            (node.func.attr in ("get", "pop") and is_sys_modules(node.func.value))
+            or node.func.attr == "import_module"):
+        arg = node.args[0]
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("mlsl_tf"):
+        return arg.value
+    return None
+
+
 def imported_modules(path):
-    """Every mlsl_tf module a file imports, anywhere in it."""
+    """Every mlsl_tf module a file imports, anywhere in it (inside functions too), or reaches by
+    name through sys.modules or importlib."""
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
+        reached = _names_a_module_reached_by_name(node)
+        if reached:
+            out.add(reached)
         if isinstance(node, ast.Import):
             out |= {a.name for a in node.names if a.name.startswith("mlsl_tf")}
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mlsl_tf"):
@@ -132,3 +154,7 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     copy = tmp_path / "basics.py"
     copy.write_text(text)
     assert "mlsl_tf.keras.callbacks" in imported_modules(copy)
+    for reach in ('sys.modules.get("mlsl_tf.overlap")', 'sys.modules["mlsl_tf.groups"]',
+                  'importlib.import_module("mlsl_tf.optimizer")'):
+        copy.write_text(bad.read_text() + f"\n\ndef _late():\n    return {reach}\n")
+        assert reach.split('"')[1] in imported_modules(copy), reach
