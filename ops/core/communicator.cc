@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "reduce.h"
+#include "wait_ladder.h"
 
 namespace mlsl {
 
@@ -64,22 +65,17 @@ int TagSequence::Next() { return tag_ = tag_ % Communicator::kMaxTag + 1; }
 
 Status Wait(PendingOp* op, const std::function<bool()>& between_tests) {
   using Clock = std::chrono::steady_clock;
-  auto start = Clock::now();
+  const auto start = Clock::now();
   for (int spins = 0;; ++spins) {
     bool done = false;
     Status s = op->Test(&done);
     if (!s.ok() || done) return s;
-    bool busy = between_tests && between_tests();
-    if (spins < 64) continue;
-    auto waited = Clock::now() - start;
-    if (busy || waited < std::chrono::microseconds(200)) {
-      // Keep polling: MPI moves shared-memory data only inside Test. A yield per test would
-      // spend most of the time in the scheduler; one in 64 still lets a waiting thread run.
-      if (spins % 64 == 0) std::this_thread::yield();
-    } else if (waited < std::chrono::milliseconds(5)) {
-      std::this_thread::sleep_for(std::chrono::microseconds(20));
-    } else {
-      std::this_thread::sleep_for(std::chrono::microseconds(200));
+    const bool busy = between_tests && between_tests();
+    const auto pause = WaitLadder::Pause(spins, WaitLadder::Waited(spins, start, Clock::now), busy);
+    if (pause.count() > 0) {
+      std::this_thread::sleep_for(pause);
+    } else if (WaitLadder::Yields(spins)) {
+      std::this_thread::yield();
     }
   }
 }

@@ -14,8 +14,7 @@ LoopPolicy::us LoopPolicy::BetweenCycles(const Engine& engine, int idle_cycles, 
 LoopPolicy::us LoopPolicy::WithinCycle(const Engine& engine, int spins, std::chrono::steady_clock::duration waited) {
   // MPI moves shared-memory data only inside Test, so without a network's pause the thread polls.
   if (!engine.AllIdle()) return engine.PollInterval();
-  if (spins < kSpins || waited < us(200)) return us(0);
-  return waited < std::chrono::milliseconds(5) ? us(20) : us(200);
+  return WaitLadder::Pause(spins, waited);
 }
 
 }  // namespace mlsl

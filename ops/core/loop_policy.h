@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "engine.h"
+#include "wait_ladder.h"
 
 namespace mlsl {
 
@@ -16,8 +17,6 @@ struct LoopPolicy {
   // microseconds, and completing them here lets the next control message carry them (a
   // collective finishes once every rank's message says it completed).
   static constexpr us kFinishStarted{20};
-  // Steps of a cycle that spin before the thread yields or sleeps between them.
-  static constexpr int kSpins = 64;
 
   // Between cycles with nothing submitted: the longest the thread waits for a submission before
   // it runs the next cycle anyway (0: at once). Transfers in flight: the poll interval (over a
@@ -27,8 +26,8 @@ struct LoopPolicy {
   static us BetweenCycles(const Engine& engine, int idle_cycles, us heartbeat);
 
   // Within a cycle whose exchange travels, after `spins` steps and `waited` since it began: the
-  // pause before the next step (0: at once). Transfers in flight: the poll interval; else spin,
-  // then yield (0 too), then sleep 20 us, and 200 us once the wait is long.
+  // pause before the next step (0: at once). Transfers in flight: the poll interval; else the
+  // WaitLadder (wait_ladder.h).
   static us WithinCycle(const Engine& engine, int spins, std::chrono::steady_clock::duration waited);
 };
 

@@ -13,6 +13,7 @@
 
 #include "logging.h"
 #include "loop_policy.h"
+#include "wait_ladder.h"
 
 namespace mlsl {
 
@@ -173,14 +174,11 @@ StepResult Runtime::RunCycle(Engine* engine) {
       while (engine->Transferring() && Clock::now() < until) engine->Progress();
     }
     if (r.closed || r.cycle_done) return r;
-    // An exchange travels: test again at once, after a yield (one spin in kSpins: a yield per
-    // test would spend most of the time in the scheduler), or after the policy's pause.
-    // The clock is read only once the spins are spent: before that the policy does not look at it.
-    const auto waited = spins < LoopPolicy::kSpins ? Clock::duration::zero() : Clock::now() - start;
-    const auto pause = LoopPolicy::WithinCycle(*engine, spins, waited);
+    // An exchange travels: test again at once, after a yield, or after the policy's pause.
+    const auto pause = LoopPolicy::WithinCycle(*engine, spins, WaitLadder::Waited(spins, start, Clock::now));
     if (pause.count() > 0) {
       std::this_thread::sleep_for(pause);
-    } else if (spins >= LoopPolicy::kSpins && spins % LoopPolicy::kSpins == 0) {
+    } else if (WaitLadder::Yields(spins)) {
       std::this_thread::yield();
     }
   }
