@@ -59,6 +59,7 @@ wire, and its take (the next forward pass reached its layer).
 """
 
 import argparse
+import contextlib
 import functools
 import json
 import os
@@ -432,7 +433,6 @@ def cpu_totals(impl, ranks_cpu, kernel):
 
 def links_context(link, np_, launcher=False):
     if link == "shm":
-        import contextlib
         return contextlib.nullcontext(None)
     import hosts
     return hosts.Hosts(np_, link, launcher=launcher)
@@ -446,6 +446,33 @@ def orchestrate(ns):
         if c in HOROVOD_CONFIGS and not ns.horovod_python:
             print(json.dumps({"config": c, "skipped": True,
                               "reason": "no --horovod-python given (a venv with Horovod 0.28.1, benchmarks/README.md)"}), flush=True)
+    with cpu_hogs(ns.cpu_hog):
+        results = run_all(ns, configs)
+    summaries = summarize(results, ns)
+    if ns.plot:
+        plot(summaries, ns.plot)
+    return 0
+
+
+@contextlib.contextmanager
+def cpu_hogs(n):
+    """`n` busy processes, each pinned to one of the last `n` CPUs, for the block: a machine whose
+    cores are shared with another tenant (issue #43's slower machine)."""
+    cpus = sorted(os.sched_getaffinity(0))[-n:] if n else []
+    hogs = []
+    try:
+        for cpu in cpus:
+            hogs.append(subprocess.Popen([sys.executable, "-c", "while True: pass"],
+                                         preexec_fn=lambda cpu=cpu: os.sched_setaffinity(0, {cpu})))
+        yield cpus
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def run_all(ns, configs):
+    """Every (run, model, link, config) job, interleaved; {(model, link, config): [job rows]}."""
     results = {}  # (model, link, config) -> [rows]
     jobs_started = 0
     timeline_path = None
@@ -475,15 +502,12 @@ def orchestrate(ns):
                             procs = [(argv, env)]
                         row = run_job(procs, ns.timeout, out_dir)
                         shutil.rmtree(out_dir, ignore_errors=True)
-                        row.update(model=model, link=link, config=config, run=run)
+                        row.update(model=model, link=link, config=config, run=run, cpu_hog=ns.cpu_hog)
                         print(json.dumps({"job": row}), flush=True)
                         results.setdefault((model, link, config), []).append(row)
-    summaries = summarize(results, ns)
-    if ns.plot:
-        plot(summaries, ns.plot)
     if ns.timeline_png and timeline_path and os.path.exists(timeline_path):
         draw_timeline(timeline_path, ns.timeline_png)
-    return 0
+    return results
 
 
 MEDIAN_FIELDS = ("step_s", "samples_per_s", "process_cpu_s_per_step", "comm_cpu_s_per_step", "ksoftirqd_s_per_step",
@@ -494,7 +518,7 @@ def summarize(results, ns, quiet=False):
     medians = {}
     for (model, link, config), rows in results.items():
         ok = [r for r in rows if "error" not in r]
-        row = {"model": model, "link": link, "config": config, "runs": len(ok),
+        row = {"model": model, "link": link, "config": config, "runs": len(ok), "cpu_hog": getattr(ns, "cpu_hog", 0),
                "errors": [r["error"] for r in rows if "error" in r]}
         if ok:
             for field in MEDIAN_FIELDS:
@@ -703,6 +727,8 @@ def parse(argv):
     p.add_argument("--horovod-python", help="interpreter of a venv with Horovod 0.28.1 (mpiexec next to it)")
     p.add_argument("--horovod-mpiexec", help="the launcher of the MPI Horovod was built with (default: the mpiexec "
                    "next to --horovod-python; Open MPI's mpirun is detected and run over TCP between hosts)")
+    p.add_argument("--cpu-hog", type=int, default=0, metavar="N",
+                   help="run every job beside N busy processes pinned to the last N CPUs (a shared, slower machine)")
     p.add_argument("--plot", help="PNG bar chart of the medians")
     p.add_argument("--timeline-png", help="PNG of two consecutive steps of the first overlap job (rank 0)")
     p.add_argument("--markdown", nargs="+", metavar="JSONL", help="print a markdown table of these result files and exit")
@@ -718,6 +744,8 @@ def parse(argv):
             p.error(f"unknown model/config: {', '.join(bad)}")
         if ns.runs < 1 or ns.np < 2:
             p.error("--runs >= 1 and --np >= 2")
+        if not 0 <= ns.cpu_hog < len(os.sched_getaffinity(0)):
+            p.error("--cpu-hog N: 0 <= N < the CPUs this process may use")
         if ns.horovod_python and not os.access(ns.horovod_python, os.X_OK):
             p.error(f"--horovod-python {ns.horovod_python} is not executable")
     return ns

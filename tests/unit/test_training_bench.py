@@ -11,6 +11,8 @@ import sys
 import threading
 import time
 
+import pytest
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
 import cpu_cost  # noqa: E402
 import mwms  # noqa: E402
@@ -278,3 +280,36 @@ def test_markdown_summarizes_the_jobs_of_several_files_together(tmp_path):
     _, _, row = training.markdown([str(files["a"])]).splitlines()  # without Horovod's jobs
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[5] == "-" and cells[9] == "-" and cells[-1].split(" / ")[1] == "-"
+
+
+def test_cpu_hog_runs_on_the_last_cpu_only_while_the_block_lasts():
+    last = max(os.sched_getaffinity(0))
+
+    def hogs():
+        """Children of this process pinned to the last CPU alone (the hog)."""
+        found = []
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+                if ppid == os.getpid() and os.sched_getaffinity(int(d)) == {last}:
+                    found.append(int(d))
+            except (OSError, ValueError):
+                continue
+        return found
+
+    with training.cpu_hogs(1) as cpus:
+        assert cpus == [last]
+        pids = hogs()
+        assert len(pids) == 1
+        time.sleep(0.3)
+        with open(f"/proc/{pids[0]}/stat") as f:
+            utime = int(f.read().rsplit(")", 1)[1].split()[11])
+        assert utime > 0  # it burns CPU
+    assert hogs() == []
+    with training.cpu_hogs(0) as cpus:
+        assert cpus == [] and hogs() == []
+    with pytest.raises(SystemExit):
+        training.parse(["--cpu-hog", str(len(os.sched_getaffinity(0)))])
