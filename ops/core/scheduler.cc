@@ -41,8 +41,7 @@ struct Scheduler::Work {
   std::unique_ptr<Algorithm> algo;
   uint64_t sync_seq = 0;  // with `synced` false: the unit that must complete everywhere first
   bool synced = true;
-  uint64_t last_seq = 0;   // its latest unit
-  bool done_here = false;  // every unit completed here: it finishes once they have everywhere
+  uint64_t last_seq = 0;  // its latest unit
   bool unfinished() const { return algo ? !algo->started_all() : next < total; }
   int64_t bytes() const { return total * int64_t(DataTypeSize(meta.dtype)); }
   std::string label() const {
@@ -412,9 +411,9 @@ void Scheduler::Progress() {
     const int chunk = u->chunk;
     inflight_.erase(inflight_.begin() + i);  // u is gone
     if (w->algo) w->algo->PieceDone(chunk);
-    if (--w->outstanding == 0 && !w->unfinished()) w->done_here = true;
+    if (--w->outstanding == 0 && !w->unfinished()) settling_.push_back(w);
   }
-  Release();
+  if (!settling_.empty()) Release();
 }
 
 void Scheduler::Release() {
@@ -424,12 +423,18 @@ void Scheduler::Release() {
   // returns success for a collective that fails on another. A failure here since that message
   // is of later units: what it agreed still finishes, as it does on every peer.
   const uint64_t agreed = AgreedDone();
-  std::vector<Work*> ready;
-  for (auto& w : active_) if (w->done_here && w->last_seq < agreed) ready.push_back(w.get());
-  for (Work* w : ready) {
-    if (w->algo) FinishPieces(w);
-    else Finalize(w);
+  size_t kept = 0;
+  for (size_t i = 0; i < settling_.size(); ++i) {
+    Work* w = settling_[i];
+    if (w->last_seq >= agreed) {
+      settling_[kept++] = w;
+    } else if (w->algo) {
+      FinishPieces(w);
+    } else {
+      Finalize(w);
+    }
   }
+  settling_.resize(kept);
 }
 
 void Scheduler::FailHere(const Work& w, const Status& s) {
@@ -504,6 +509,7 @@ void Scheduler::FailAll(const Status& status) {
   for (auto& w : active_) all.push_back(std::move(w));
   queue_.clear();
   active_.clear();
+  settling_.clear();
   for (auto& w : all) {
     for (Part& p : w->parts) if (p.request) p.finish(status);
     for (Part& p : w->parts) p.request = nullptr;

@@ -153,6 +153,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Work>> queue_;   // not fully started, in scheduling order
   std::vector<std::unique_ptr<Work>> active_;  // fully started, units still in flight
   std::vector<std::unique_ptr<Unit>> inflight_;
+  std::vector<Work*> settling_;  // in active_, every unit completed here: finish once they have everywhere
   uint64_t started_ = 0, completed_prefix_ = 0, agreed_ = 0;
   uint64_t agreed_done_ = 0;
   bool agreed_given_ = false;
