@@ -35,8 +35,8 @@ TF_LFLAGS  = $(eval TF_LFLAGS := $$(if $$(TF_CFLAGS),$$(shell $$(TOOLCHAIN_PY) l
 NPROC     := $(shell nproc 2>/dev/null || echo 2)
 PARALLEL   = case " $$MAKEFLAGS" in *" -j"*) ;; *) echo -j$(NPROC) ;; esac
 
-CORE_SRC  := $(filter-out ops/core/mpi_communicator.cc ops/core/c_api.cc,$(wildcard ops/core/*.cc))
-MPI_SRC   := ops/core/mpi_communicator.cc ops/core/c_api.cc
+MPI_SRC   := ops/core/mpi_communicator.cc ops/core/mpi_types.cc ops/core/c_api.cc
+CORE_SRC  := $(filter-out $(MPI_SRC),$(wildcard ops/core/*.cc))
 TF_SRC    := $(wildcard ops/tf/*.cc)
 TEST_SRC  := $(wildcard ops/core/tests/*.cc)
 HEADERS   := $(wildcard ops/core/*.h ops/tf/*.h)

@@ -73,6 +73,20 @@ bool FakeWorld::Done(uint64_t seq, int rank) {
   return true;
 }
 
+// Rank r's block of the sum (or other reduction) of every rank's input, into rank r's output.
+static void ReduceScatter(std::vector<FakeWorld::Part>& p) {
+  const size_t esize = DataTypeSize(p[0].dtype);
+  for (size_t r = 0; r < p.size(); ++r) {
+    int64_t off = Sum(p[0].sizes, r), cnt = p[0].sizes[r];
+    std::vector<char> acc(static_cast<const char*>(p[0].send) + off * esize,
+                          static_cast<const char*>(p[0].send) + (off + cnt) * esize);
+    for (size_t s = 1; s < p.size(); ++s) {
+      ReduceInto(acc.data(), static_cast<const char*>(p[s].send) + off * esize, cnt, p[0].dtype, p[0].op);
+    }
+    if (cnt) std::memcpy(p[r].buf, acc.data(), cnt * esize);
+  }
+}
+
 void FakeWorld::Compute(Slot* slot) {
   std::vector<Part>& p = slot->parts;
   const int n = size_;
@@ -115,19 +129,9 @@ void FakeWorld::Compute(Slot* slot) {
         }
       }
       break;
-    case kReduceScatter: {
-      size_t esize = DataTypeSize(p[0].dtype);
-      for (int r = 0; r < n; ++r) {
-        int64_t off = Sum(p[0].sizes, r), cnt = p[0].sizes[r];
-        std::vector<char> acc(static_cast<const char*>(p[0].send) + off * esize,
-                              static_cast<const char*>(p[0].send) + (off + cnt) * esize);
-        for (int s = 1; s < n; ++s) {
-          ReduceInto(acc.data(), static_cast<const char*>(p[s].send) + off * esize, cnt, p[0].dtype, p[0].op);
-        }
-        if (cnt) std::memcpy(p[r].buf, acc.data(), cnt * esize);
-      }
+    case kReduceScatter:
+      ReduceScatter(p);
       break;
-    }
     case kBarrier:
       break;
     case kSplit:  // the new world is SplitWorld's

@@ -184,6 +184,49 @@ bool ParseMetas(const char* data, size_t size, std::vector<RequestMeta>* out) {
   return r.AtEnd();
 }
 
+namespace {
+
+// Why an add_group's ranks are not a set of ranks of the job ("" when they are).
+std::string GroupRanksError(const std::vector<int>& ranks, int size) {
+  if (ranks.empty()) return "a group needs at least one rank";
+  std::vector<int> sorted = ranks;
+  std::sort(sorted.begin(), sorted.end());
+  for (size_t i = 0; i < sorted.size(); ++i) {
+    if (sorted[i] < 0 || sorted[i] >= size) {
+      return "group rank " + std::to_string(sorted[i]) + " is out of range for " + std::to_string(size) + " ranks";
+    }
+    if (i && sorted[i] == sorted[i - 1]) return "group rank " + std::to_string(sorted[i]) + " is listed twice";
+  }
+  return "";
+}
+
+// Why an alltoall's splits (or, without them, its first dimension) do not fit `size` ranks.
+std::string SplitsError(const Request& r, int size) {
+  int64_t rows = r.inputs[0].shape[0];
+  if (r.splits.empty()) {
+    if (rows % size != 0) {
+      return "alltoall without splits needs the first dimension (" + std::to_string(rows) +
+             ") to be divisible by the number of ranks (" + std::to_string(size) + ")";
+    }
+  } else {
+    if (int(r.splits.size()) != size) {
+      return "alltoall splits has " + std::to_string(r.splits.size()) + " entries but there are " +
+             std::to_string(size) + " ranks";
+    }
+    int64_t sum = 0;
+    for (int64_t v : r.splits) {
+      if (v < 0) return "alltoall splits contains a negative value (" + std::to_string(v) + ")";
+      sum += v;
+    }
+    if (sum != rows) {
+      return "alltoall splits sum to " + std::to_string(sum) + " but the first dimension is " + std::to_string(rows);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
 std::string ValidateLocally(const Request& r, int size) {
   if (r.name.empty()) return "the collective has an empty name";
   if (r.wire >= 0) {
@@ -193,15 +236,8 @@ std::string ValidateLocally(const Request& r, int size) {
     }
   }
   if (r.op == OpType::kAddGroup) {
-    if (r.ranks.empty()) return "a group needs at least one rank";
-    std::vector<int> sorted = r.ranks;
-    std::sort(sorted.begin(), sorted.end());
-    for (size_t i = 0; i < sorted.size(); ++i) {
-      if (sorted[i] < 0 || sorted[i] >= size) {
-        return "group rank " + std::to_string(sorted[i]) + " is out of range for " + std::to_string(size) + " ranks";
-      }
-      if (i && sorted[i] == sorted[i - 1]) return "group rank " + std::to_string(sorted[i]) + " is listed twice";
-    }
+    std::string why = GroupRanksError(r.ranks, size);
+    if (!why.empty()) return why;
   }
   if (r.op == OpType::kAllreduce || r.op == OpType::kReducescatter) {
     Status s = CheckReducible(r.dtype, r.reduce_op);
@@ -227,28 +263,7 @@ std::string ValidateLocally(const Request& r, int size) {
   if (r.op == OpType::kBroadcast && (r.root < 0 || r.root >= size)) {
     return "root_rank " + std::to_string(r.root) + " is out of range for " + std::to_string(size) + " ranks";
   }
-  if (r.op == OpType::kAlltoall && !r.inputs.empty()) {
-    int64_t rows = r.inputs[0].shape[0];
-    if (r.splits.empty()) {
-      if (rows % size != 0) {
-        return "alltoall without splits needs the first dimension (" + std::to_string(rows) +
-               ") to be divisible by the number of ranks (" + std::to_string(size) + ")";
-      }
-    } else {
-      if (int(r.splits.size()) != size) {
-        return "alltoall splits has " + std::to_string(r.splits.size()) + " entries but there are " +
-               std::to_string(size) + " ranks";
-      }
-      int64_t sum = 0;
-      for (int64_t v : r.splits) {
-        if (v < 0) return "alltoall splits contains a negative value (" + std::to_string(v) + ")";
-        sum += v;
-      }
-      if (sum != rows) {
-        return "alltoall splits sum to " + std::to_string(sum) + " but the first dimension is " + std::to_string(rows);
-      }
-    }
-  }
+  if (r.op == OpType::kAlltoall && !r.inputs.empty()) return SplitsError(r, size);
   return "";
 }
 

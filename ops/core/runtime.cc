@@ -49,11 +49,11 @@ void Runtime::Submit(std::unique_ptr<Request> request) {
   StatusCode code = StatusCode::kAborted;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    if (closed_reason_.empty() && !stop_requested_) {
+    if (closed_.reason.empty() && !stop_requested_) {
       incoming_.push_back(std::move(request));
     } else {
-      refused = closed_reason_.empty() ? "mlsl_tf is shutting down" : closed_reason_;
-      if (!closed_reason_.empty()) code = closed_code_;
+      refused = closed_.reason.empty() ? "mlsl_tf is shutting down" : closed_.reason;
+      if (!closed_.reason.empty()) code = closed_.code;
     }
   }
   if (!refused.empty()) {
@@ -188,13 +188,13 @@ void Runtime::CloseQueue(const Engine& engine) {
   std::deque<std::unique_ptr<Request>> incoming;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    closed_reason_ = engine.closed_reason();
-    closed_code_ = engine.closed_code();
+    closed_.reason = engine.closed_reason();
+    closed_.code = engine.closed_code();
     incoming.swap(incoming_);
   }
   for (auto& r : incoming) {
     std::string what = r->op == OpType::kJoin ? "join" : "collective '" + ShownName(r->name) + "'";
-    r->done(Status::WithCode(closed_code_, closed_reason_ + " (" + what + " did not complete)"));
+    r->done(Status::WithCode(closed_.code, closed_.reason + " (" + what + " did not complete)"));
   }
 }
 

@@ -106,8 +106,10 @@ class Runtime {
   std::condition_variable cv_;
   std::deque<std::unique_ptr<Request>> incoming_;
   bool stop_requested_ = false;
-  std::string closed_reason_;  // non-empty once closed: new requests fail with it
-  StatusCode closed_code_ = StatusCode::kAborted;  // ... and this code
+  struct {
+    std::string reason;                      // non-empty once closed: new requests fail with it
+    StatusCode code = StatusCode::kAborted;  // ... and this code
+  } closed_;
   TimelineChange* timeline_change_ = nullptr;  // waiting for the background thread
   std::condition_variable timeline_cv_;        // a change was applied
   bool loop_ended_ = false;                    // the background thread no longer writes the timeline

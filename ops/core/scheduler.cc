@@ -1,3 +1,4 @@
+// Scheduler (scheduler.h).
 #include "scheduler.h"
 
 #include <algorithm>
@@ -6,58 +7,10 @@
 
 #include "memory.h"
 #include "reduce.h"
+#include "scheduler_work.h"
 #include "wire.h"
 
 namespace mlsl {
-
-// One request (or one joined rank's stand-in) inside a Work.
-struct Scheduler::Part {
-  int32_t id;
-  std::string name;
-  Request* request;  // null: joined rank
-  Finish finish;
-  int64_t offset;    // first element in the work's buffer
-  int64_t count;     // elements (all of the request's tensors)
-  std::vector<void*> outputs;
-  Clock::time_point submitted, agreed;
-};
-
-// A unit of scheduling: one collective, or several fused allreduces.
-struct Scheduler::Work {
-  RequestMeta meta;
-  uint64_t order;  // fifo key
-  std::vector<Part> parts;
-  bool chunked = false;
-  bool prepared = false;
-  char* buf = nullptr;
-  const char* src = nullptr;  // direct work without prescaling: the chunks read the input here
-  std::vector<char> own;
-  std::vector<float> res_in, res_out;  // error feedback: the parts' residuals, packed like buf
-  int64_t total = 0, next = 0;  // elements
-  int outstanding = 0, chunks = 0;
-  Clock::time_point first_start;
-  // Cut in pieces (every collective but a chunked allreduce): the algorithm is made on first start.
-  bool piecewise = false;
-  std::unique_ptr<Algorithm> algo;
-  uint64_t sync_seq = 0;  // with `synced` false: the unit that must complete everywhere first
-  bool synced = true;
-  uint64_t last_seq = 0;  // its latest unit
-  bool unfinished() const { return algo ? !algo->started_all() : next < total; }
-  int64_t bytes() const { return total * int64_t(DataTypeSize(meta.dtype)); }
-  std::string label() const {
-    return parts.size() == 1 ? parts[0].name : "fused[" + std::to_string(parts.size()) + "] " + parts[0].name;
-  }
-};
-
-struct Scheduler::Unit {
-  uint64_t seq;
-  std::unique_ptr<PendingOp> op;
-  Work* work;
-  int64_t bytes;
-  int chunk;
-  Clock::time_point start;
-  Status error;  // the unit could not start
-};
 
 namespace {
 
@@ -70,7 +23,7 @@ bool SameKind(const RequestMeta& a, const RequestMeta& b) {
 }  // namespace
 
 Scheduler::Scheduler(Communicator* comm, Timeline* timeline, Stats* stats, SchedulerOptions options)
-    : comm_(comm), timeline_(timeline), stats_(stats), options_(options) {}
+    : comm_(comm), timeline_(timeline), stats_(stats), options_(options), slots_(comm, options.inflight) {}
 
 // The transfers go first: they may use the works' buffers and the slots' communicators.
 Scheduler::~Scheduler() {
@@ -81,7 +34,7 @@ Scheduler::~Scheduler() {
 void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted) {
   auto w = std::make_unique<Work>();
   w->meta = meta;
-  w->order = agreed_++;
+  w->order = order_++;
   // Adasum runs in its own pieces, never fused: its dot products are per tensor.
   w->chunked = meta.op == OpType::kAllreduce && meta.reduce_op != ReduceOp::kAdasum;
   w->total = Elements(meta);
@@ -192,10 +145,7 @@ void Scheduler::Prepare(Work* w) {
     w->res_in.assign(w->total, 0.0f);
     w->res_out.assign(w->total, 0.0f);
     for (Part& p : w->parts) {
-      auto it = residuals_.find(p.name);
-      if (!p.request || it == residuals_.end() || int64_t(it->second.first.size()) != p.count) continue;
-      std::copy(it->second.first.begin(), it->second.first.end(), w->res_in.begin() + p.offset);
-      std::copy(it->second.second.begin(), it->second.second.end(), w->res_out.begin() + p.offset);
+      if (p.request) residuals_.Load(p.name, p.count, w->res_in.data() + p.offset, w->res_out.data() + p.offset);
     }
   }
 }
@@ -208,14 +158,14 @@ void Scheduler::StartChunk(Work* w) {
   int64_t per_chunk = std::max<int64_t>(1, options_.chunk_bytes / wire_size);
   int64_t n = std::min(per_chunk, w->total - w->next);
   auto unit = std::make_unique<Unit>();
-  unit->seq = started_++;
+  unit->seq = ledger_.Start();
   unit->work = w;
   unit->bytes = n * int64_t(esize);
   unit->chunk = w->chunks++;
   unit->start = Now();
-  // Each in-flight slot has its own communicator (see Slot).
+  // Each in-flight slot has its own communicator (slot_set.h).
   const int slot_index = int(unit->seq % uint64_t(options_.inflight));
-  Communicator* slot = Slot(slot_index);
+  Communicator* slot = slots_.Get(slot_index);
   if (compressed) {
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
     const float* in = w->src ? reinterpret_cast<const float*>(w->src) + w->next : data;
@@ -224,7 +174,7 @@ void Scheduler::StartChunk(Work* w) {
     // The slot's previous unit has completed (the window never lets more than `inflight` run).
     // The average's division and the postscale happen on each rank's slice inside (Finalize skips them).
     unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op,
-                                         &wire_scratch_[slot_index], res_in, res_out, PostFactor(*w))
+                                         slots_.scratch(slot_index), res_in, res_out, PostFactor(*w))
                     : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
   } else {
@@ -239,20 +189,6 @@ void Scheduler::StartChunk(Work* w) {
   w->outstanding++;
   stats_->Chunk(unit->bytes);
   inflight_.push_back(std::move(unit));
-}
-
-Communicator* Scheduler::Slot(int i) {
-  if (slots_.empty()) {
-    slots_.resize(options_.inflight);
-    wire_scratch_.resize(options_.inflight);
-  }
-  if (!slots_[i]) {
-    std::vector<int> everyone(comm_->size());
-    for (int r = 0; r < comm_->size(); ++r) everyone[r] = r;
-    Status s = comm_->Split(everyone, &slots_[i]);
-    if (!s.ok()) slot_error_ = s;
-  }
-  return slots_[i].get();
 }
 
 size_t Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_done) {
@@ -294,19 +230,19 @@ void Scheduler::Activate(size_t at) {
 void Scheduler::StartPiece(size_t at) {
   Work* w = queue_[at].get();
   auto unit = std::make_unique<Unit>();
-  unit->seq = started_++;
+  unit->seq = ledger_.Start();
   unit->work = w;
   unit->chunk = w->chunks++;
   unit->start = Now();
   unit->bytes = 0;
-  Communicator* slot = Slot(int(unit->seq % uint64_t(options_.inflight)));
+  Communicator* slot = slots_.Get(int(unit->seq % uint64_t(options_.inflight)));
   bool sync = false;
   if (slot) {
     unit->error = w->algo->Next(slot, &unit->op, &sync, &unit->bytes);
     if (unit->error.ok() && !unit->op) unit->error = Status::Internal("an algorithm piece started nothing");
     if (!w->algo->local_failure().ok()) FailHere(*w, LocalFailure(w->algo->local_failure()));
   } else {
-    unit->error = slot_error_;
+    unit->error = slots_.error();
   }
   w->synced = !sync;
   w->sync_seq = unit->seq;
@@ -317,11 +253,8 @@ void Scheduler::StartPiece(size_t at) {
 }
 
 void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
-  if (common_done != UINT64_MAX) {
-    agreed_done_ = common_done;
-    agreed_given_ = true;
-  }
-  common_done = AgreedDone();
+  if (common_done != UINT64_MAX) ledger_.Agree(common_done);
+  common_done = ledger_.agreed_done();
   starting_ = nullptr;
   try {
     StartUnits(limit, joined, common_done);
@@ -340,7 +273,7 @@ Status Scheduler::LocalFailure(const Status& s) {
 
 void Scheduler::StartUnits(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
   // A failure here is out of step with the peers: nothing more starts, the owner closes.
-  while (failure_.ok() && started_ < limit && !queue_.empty()) {
+  while (failure_.ok() && ledger_.started() < limit && !queue_.empty()) {
     const size_t at = Startable(joined, common_done);  // the one walk: `at` stays head's place
     if (at == queue_.size()) break;
     Work* head = queue_[at].get();
@@ -367,18 +300,6 @@ void Scheduler::StartUnits(uint64_t limit, const std::vector<bool>& joined, uint
   }
 }
 
-void Scheduler::Complete(uint64_t seq) {
-  if (seq == completed_prefix_) {
-    ++completed_prefix_;
-    while (!completed_out_of_order_.empty() && *completed_out_of_order_.begin() == completed_prefix_) {
-      completed_out_of_order_.erase(completed_out_of_order_.begin());
-      ++completed_prefix_;
-    }
-  } else {
-    completed_out_of_order_.insert(seq);
-  }
-}
-
 std::chrono::microseconds Scheduler::PollInterval() const {
   int64_t bytes = 0;
   for (const auto& u : inflight_) bytes += u->bytes;
@@ -390,7 +311,7 @@ void Scheduler::Progress() {
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();
     bool done = false;
-    Status s = u->op ? u->op->Test(&done) : (u->error.ok() ? slot_error_ : u->error);
+    Status s = u->op ? u->op->Test(&done) : (u->error.ok() ? slots_.error() : u->error);
     if (!s.ok()) {
       Broke(i, s);
       continue;
@@ -407,7 +328,7 @@ void Scheduler::Progress() {
                           ", \"priority\": " + std::to_string(w->meta.priority) + "}");
     }
     pacer_.Completed(u->bytes);
-    Complete(u->seq);
+    ledger_.Complete(u->seq);
     const int chunk = u->chunk;
     inflight_.erase(inflight_.begin() + i);  // u is gone
     if (w->algo) w->algo->PieceDone(chunk);
@@ -422,7 +343,7 @@ void Scheduler::Release() {
   // it, a fact of the control message that also carries any rank's failure -- so no rank
   // returns success for a collective that fails on another. A failure here since that message
   // is of later units: what it agreed still finishes, as it does on every peer.
-  const uint64_t agreed = AgreedDone();
+  const uint64_t agreed = ledger_.agreed_done();
   size_t kept = 0;
   for (size_t i = 0; i < settling_.size(); ++i) {
     Work* w = settling_[i];
@@ -467,11 +388,7 @@ void Scheduler::Finalize(Work* w) {
       if (count && p.outputs[i] != src + n * esize) std::memcpy(p.outputs[i], src + n * esize, count * esize);
       n += count;
     }
-    if (!w->res_in.empty()) {
-      auto& kept = residuals_[p.name];
-      kept.first.assign(w->res_in.begin() + p.offset, w->res_in.begin() + p.offset + p.count);
-      kept.second.assign(w->res_out.begin() + p.offset, w->res_out.begin() + p.offset + p.count);
-    }
+    if (!w->res_in.empty()) residuals_.Keep(p.name, p.count, w->res_in.data() + p.offset, w->res_out.data() + p.offset);
     if (timeline_->enabled()) {
       const auto done = Now();
       timeline_->Instant(p.name, "done", "queue", done);

@@ -40,9 +40,12 @@
 #include "meta.h"
 #include "pacer.h"
 #include "request.h"
+#include "residuals.h"
+#include "slot_set.h"
 #include "stats.h"
 #include "time_source.h"
 #include "timeline.h"
+#include "unit_ledger.h"
 #include "wire.h"
 
 namespace mlsl {
@@ -86,8 +89,8 @@ class Scheduler {
   // ok while none.
   const Status& failure() const { return failure_; }
 
-  uint64_t started() const { return started_; }
-  uint64_t completed_prefix() const { return completed_prefix_; }
+  uint64_t started() const { return ledger_.started(); }
+  uint64_t completed_prefix() const { return ledger_.completed_prefix(); }
   bool queue_empty() const { return queue_.empty(); }
   bool idle() const { return queue_.empty() && active_.empty(); }
   bool transferring() const { return !inflight_.empty(); }
@@ -122,11 +125,8 @@ class Scheduler {
   // Every piece of w has completed here: its requests finish.
   void FinishPieces(Work* w);
   void Retire(Work* w);
-  void Complete(uint64_t seq);
   // Finishes the works done here whose units all lie inside the agreed completed prefix.
   void Release();
-  // Units completed on every rank: the last common_done given, else this rank's own prefix.
-  uint64_t AgreedDone() const { return agreed_given_ ? agreed_done_ : completed_prefix_; }
   void Finalize(Work* w);
   // inflight_[i] failed with s: kept in broken_, noted in failure_.
   void Broke(size_t i, const Status& s);
@@ -138,37 +138,27 @@ class Scheduler {
   void StartUnits(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done);
   // What the result of w is multiplied by: postscale, and 1/size for an average.
   double PostFactor(const Work& w) const;
-  // The communicator of in-flight slot i, made on first use: chunks in different slots never
-  // queue behind each other inside MPI, and a two-step (compressed) chunk's steps stay in order.
-  Communicator* Slot(int i);
 
   Communicator* comm_;
   Timeline* timeline_;
   Stats* stats_;
   const SchedulerOptions options_;
 
-  // Per in-flight slot, the buffers of its compressed chunks; sized once, before any unit
-  // starts, and declared first so that it outlives the units that point into it.
-  std::vector<WireScratch> wire_scratch_;
+  SlotSet slots_;  // declared first: it outlives the units that use its communicators and scratch
   std::vector<std::unique_ptr<Work>> queue_;   // not fully started, in scheduling order
   std::vector<std::unique_ptr<Work>> active_;  // fully started, units still in flight
   std::vector<std::unique_ptr<Unit>> inflight_;
   std::vector<Work*> settling_;  // in active_, every unit completed here: finish once they have everywhere
-  uint64_t started_ = 0, completed_prefix_ = 0, agreed_ = 0;
-  uint64_t agreed_done_ = 0;
-  bool agreed_given_ = false;
-  std::set<uint64_t> completed_out_of_order_;
+  UnitLedger ledger_;
+  uint64_t order_ = 0;  // collectives agreed: the fifo key
   std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
   std::vector<std::unique_ptr<Unit>> broken_;   // failed units: their transfers may still run
   Status failure_;
   Work* last_started_ = nullptr;
   Work* starting_ = nullptr;  // inside StartUpTo: the work being made, prepared or started (named on bad_alloc)
-  std::vector<std::unique_ptr<Communicator>> slots_;
   // Packed buffers (fused tensors, prescaled inputs), handed back when their work finishes.
   BufferPool spare_{8, size_t(64) << 20};
-  // Error feedback: by collective name, the input and output rounding residuals.
-  std::map<std::string, std::pair<std::vector<float>, std::vector<float>>> residuals_;
-  Status slot_error_;
+  Residuals residuals_;  // error feedback
   Pacer pacer_;
 };
 

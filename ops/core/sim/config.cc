@@ -14,6 +14,71 @@ std::string Num(double x) {
   return os.str();
 }
 
+// Reads one fabric key's value into f: false when the key is not a fabric key; *ok false when
+// its value cannot be read or is out of range.
+bool ReadFabric(const std::string& key, std::istream& ls, SimFabric& f, bool* ok) {
+  int flag = 0;
+  if (key == "ranks") *ok = bool(ls >> f.ranks) && f.ranks >= 1;
+  else if (key == "ranks_per_host") *ok = bool(ls >> f.ranks_per_host) && f.ranks_per_host >= 1;
+  else if (key == "alpha") *ok = bool(ls >> f.alpha);
+  else if (key == "beta") *ok = bool(ls >> f.beta);
+  else if (key == "alpha_shm") *ok = bool(ls >> f.alpha_shm);
+  else if (key == "beta_shm") *ok = bool(ls >> f.beta_shm);
+  else if (key == "gamma") *ok = bool(ls >> f.gamma);
+  else if (key == "codec") *ok = bool(ls >> f.codec);
+  else if (key == "shared_cores") *ok = bool(ls >> f.shared_cores) && f.shared_cores >= 0;
+  else if (key == "cpu_beta") *ok = bool(ls >> f.cpu_beta) && f.cpu_beta >= 0;
+  else if (key == "thread_progress") { *ok = bool(ls >> flag); f.thread_progress = flag; }
+  else if (key == "allreduce") *ok = bool(ls >> f.allreduce) &&
+           (f.allreduce == "auto" || f.allreduce == "rd" || f.allreduce == "rabenseifner" || f.allreduce == "ring");
+  else return false;
+  return true;
+}
+
+// Reads one line's key and value into c (the fabric's keys, the runtime's and the run's).
+bool ReadKey(const std::string& key, std::istream& ls, SimConfig* c) {
+  bool ok = true;
+  if (ReadFabric(key, ls, c->fabric, &ok)) return ok;
+  SchedulerOptions& s = c->runtime.engine.scheduler;
+  int64_t ms = 0;
+  int flag = 0;
+  if (key == "layer") {
+    SimLayer l;
+    ok = bool(ls >> l.name >> l.fwd >> l.bwd);
+    int64_t b;
+    while (ok && ls >> b) l.grads.push_back(b);
+    c->layers.push_back(l);
+  } else if (key == "request") {
+    SimRequest r;
+    ok = bool(ls >> r.name >> r.bytes >> r.priority) && r.bytes >= 0;
+    if (ok && !(ls >> r.at_s)) r.at_s = 0;
+    ok = ok && r.at_s >= 0;
+    c->requests.push_back(r);
+  } else if (key == "rounds") {
+    ok = bool(ls >> c->rounds) && c->rounds >= 1;
+  } else if (key == "chunk_bytes") ok = bool(ls >> s.chunk_bytes) && s.chunk_bytes > 0;
+  else if (key == "inflight") ok = bool(ls >> s.inflight) && s.inflight >= 1;
+  else if (key == "fusion_threshold") ok = bool(ls >> s.fusion_threshold);
+  else if (key == "fifo") { ok = bool(ls >> flag); s.fifo = flag; }
+  else if (key == "eager_bytes") ok = bool(ls >> c->runtime.engine.eager_bytes) && c->runtime.engine.eager_bytes >= 0;
+  else if (key == "heartbeat_ms") {
+    ok = bool(ls >> ms) && ms >= 1;
+    c->runtime.heartbeat = std::chrono::milliseconds(ms);
+  } else if (key == "cross_iteration") { ok = bool(ls >> flag); c->cross_iteration = flag; }
+  else if (key == "bf16") { ok = bool(ls >> flag); c->bf16 = flag; }
+  else if (key == "cycle_s") ok = bool(ls >> c->cycle_s);
+  else if (key == "interference") ok = bool(ls >> c->interference) && c->interference >= 0;
+  else if (key == "contention") ok = bool(ls >> c->contention) && c->contention >= 0;
+  else if (key == "codec_interference") ok = bool(ls >> c->codec_interference) && c->codec_interference >= 0;
+  else if (key == "codec_contention") ok = bool(ls >> c->codec_contention) && c->codec_contention >= 0;
+  else if (key == "steps") ok = bool(ls >> c->steps);
+  else if (key == "warmup") ok = bool(ls >> c->warmup);
+  else if (key == "timeline") ok = bool(ls >> c->timeline);
+  else if (key == "label") ok = bool(ls >> c->label);
+  else ok = false;
+  return ok;
+}
+
 }  // namespace
 
 bool ParseConfig(std::istream& in, SimConfig* c, std::string* error, bool layers) {
@@ -25,59 +90,7 @@ bool ParseConfig(std::istream& in, SimConfig* c, std::string* error, bool layers
     std::istringstream ls(line);
     std::string key;
     if (!(ls >> key)) continue;
-    bool ok = true;
-    SimFabric& f = c->fabric;
-    SchedulerOptions& s = c->runtime.engine.scheduler;
-    int64_t ms = 0;
-    int flag = 0;
-    if (key == "layer") {
-      SimLayer l;
-      ok = bool(ls >> l.name >> l.fwd >> l.bwd);
-      int64_t b;
-      while (ok && ls >> b) l.grads.push_back(b);
-      c->layers.push_back(l);
-    } else if (key == "request") {
-      SimRequest r;
-      ok = bool(ls >> r.name >> r.bytes >> r.priority) && r.bytes >= 0;
-      if (ok && !(ls >> r.at_s)) r.at_s = 0;
-      ok = ok && r.at_s >= 0;
-      c->requests.push_back(r);
-    } else if (key == "rounds") {
-      ok = bool(ls >> c->rounds) && c->rounds >= 1;
-    } else if (key == "ranks") ok = bool(ls >> f.ranks) && f.ranks >= 1;
-    else if (key == "ranks_per_host") ok = bool(ls >> f.ranks_per_host) && f.ranks_per_host >= 1;
-    else if (key == "alpha") ok = bool(ls >> f.alpha);
-    else if (key == "beta") ok = bool(ls >> f.beta);
-    else if (key == "alpha_shm") ok = bool(ls >> f.alpha_shm);
-    else if (key == "beta_shm") ok = bool(ls >> f.beta_shm);
-    else if (key == "gamma") ok = bool(ls >> f.gamma);
-    else if (key == "codec") ok = bool(ls >> f.codec);
-    else if (key == "shared_cores") ok = bool(ls >> f.shared_cores) && f.shared_cores >= 0;
-    else if (key == "cpu_beta") ok = bool(ls >> f.cpu_beta) && f.cpu_beta >= 0;
-    else if (key == "thread_progress") { ok = bool(ls >> flag); f.thread_progress = flag; }
-    else if (key == "allreduce") ok = bool(ls >> f.allreduce) &&
-             (f.allreduce == "auto" || f.allreduce == "rd" || f.allreduce == "rabenseifner" || f.allreduce == "ring");
-    else if (key == "chunk_bytes") ok = bool(ls >> s.chunk_bytes) && s.chunk_bytes > 0;
-    else if (key == "inflight") ok = bool(ls >> s.inflight) && s.inflight >= 1;
-    else if (key == "fusion_threshold") ok = bool(ls >> s.fusion_threshold);
-    else if (key == "fifo") { ok = bool(ls >> flag); s.fifo = flag; }
-    else if (key == "eager_bytes") ok = bool(ls >> c->runtime.engine.eager_bytes) && c->runtime.engine.eager_bytes >= 0;
-    else if (key == "heartbeat_ms") {
-      ok = bool(ls >> ms) && ms >= 1;
-      c->runtime.heartbeat = std::chrono::milliseconds(ms);
-    } else if (key == "cross_iteration") { ok = bool(ls >> flag); c->cross_iteration = flag; }
-    else if (key == "bf16") { ok = bool(ls >> flag); c->bf16 = flag; }
-    else if (key == "cycle_s") ok = bool(ls >> c->cycle_s);
-    else if (key == "interference") ok = bool(ls >> c->interference) && c->interference >= 0;
-    else if (key == "contention") ok = bool(ls >> c->contention) && c->contention >= 0;
-    else if (key == "codec_interference") ok = bool(ls >> c->codec_interference) && c->codec_interference >= 0;
-    else if (key == "codec_contention") ok = bool(ls >> c->codec_contention) && c->codec_contention >= 0;
-    else if (key == "steps") ok = bool(ls >> c->steps);
-    else if (key == "warmup") ok = bool(ls >> c->warmup);
-    else if (key == "timeline") ok = bool(ls >> c->timeline);
-    else if (key == "label") ok = bool(ls >> c->label);
-    else ok = false;
-    if (!ok) {
+    if (!ReadKey(key, ls, c)) {
       *error = "line " + std::to_string(n) + ": cannot read '" + line + "'";
       return false;
     }

@@ -8,6 +8,23 @@
 
 namespace mlsl {
 
+namespace {
+
+// s as an allreduce of float32 reading and writing `buf` (only the timing matters).
+std::unique_ptr<Request> MakeRequest(const SimRequest& s, float* buf) {
+  auto r = std::make_unique<Request>();
+  r->name = s.name;
+  r->priority = s.priority;
+  r->inputs = {TensorInput{buf, {s.bytes / 4}}};
+  r->allocate_output = [buf](int, const Shape&, void** p) {
+    *p = buf;
+    return Status::Ok();
+  };
+  return r;
+}
+
+}  // namespace
+
 bool RunRequests(const SimConfig& cfg, std::vector<SimCompletion>* done, std::string* error) {
   if (cfg.requests.empty()) {
     *error = "no requests";
@@ -32,14 +49,7 @@ bool RunRequests(const SimConfig& cfg, std::vector<SimCompletion>* done, std::st
     auto submit_due = [&] {
       for (; next_submit < by_time.size() && start + by_time[next_submit]->at_s <= net.now(); ++next_submit) {
         const SimRequest& s = *by_time[next_submit];
-        auto r = std::make_unique<Request>();
-        r->name = s.name;
-        r->priority = s.priority;
-        r->inputs = {TensorInput{buf, {s.bytes / 4}}};
-        r->allocate_output = [buf](int, const Shape&, void** p) {
-          *p = buf;
-          return Status::Ok();
-        };
+        std::unique_ptr<Request> r = MakeRequest(s, buf);
         r->done = [&, round, name = s.name](const Status& st) {
           if (!st.ok() && failed.empty()) failed = name + ": " + st.message();
           done->push_back(SimCompletion{round, name, net.now() - start});

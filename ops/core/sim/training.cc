@@ -37,7 +37,10 @@ class Trainer {
   void Submit(int layer);  // a backward pass ended: its gradients go to the runtime
   bool Compute();          // ends or starts a compute task now; true when something changed
   bool AllReduced(int step) const;
-  bool Done() const { return step_ >= S_ && thread_->Quiet(); }
+  // Compute: task k of a step is forward k (k < L), else backward 2L-1-k.
+  int L() const { return int(cfg_.layers.size()); }  // layers
+  int S() const { return cfg_.steps; }               // steps
+  bool Done() const { return step_ >= S() && thread_->Quiet(); }
   void Advance(double next);
   void Summarize(SimResult* out) const;
 
@@ -50,8 +53,6 @@ class Trainer {
   std::vector<int> layer_of_;                 // by request
   std::vector<std::vector<int>> of_layer_;    // requests by layer, in forward order
   std::vector<float> data_;                   // one buffer serves every tensor: only the timing matters
-  // Compute: task k of a step is forward k (k < L), else backward 2L-1-k.
-  const int L_, S_;
   int step_ = 0, task_ = 0;
   double compute_left_ = -1;                  // s at full speed left in the running task; < 0: none
   std::vector<int> outstanding_;              // gradients of the layer's latest step still reducing
@@ -63,15 +64,15 @@ class Trainer {
 
 Trainer::Trainer(const SimConfig& cfg)
     : cfg_(cfg), net_(cfg.fabric), timeline_(cfg.timeline, 0), of_layer_(cfg.layers.size()),
-      L_(int(cfg.layers.size())), S_(cfg.steps), outstanding_(L_, 0), reduced_(L_, -1),
-      f0_start_(S_, 0), bwd_end_(S_, 0), busy_at_(S_, 0), cycles_at_(S_, 0) {
+      outstanding_(L(), 0), reduced_(L(), -1),
+      f0_start_(S(), 0), bwd_end_(S(), 0), busy_at_(S(), 0), cycles_at_(S(), 0) {
   thread_ = std::make_unique<SimBackgroundThread>(&net_, cfg.runtime, cfg.cycle_s, &timeline_, &stats_);
 }
 
 void Trainer::MakeRequests(SimResult* out) {
   // Gradients in forward order: priority = index (the optimizer's convention).
   int64_t largest = 0;
-  for (int l = 0; l < L_; ++l) {
+  for (int l = 0; l < L(); ++l) {
     for (int64_t b : cfg_.layers[l].grads) {
       of_layer_[l].push_back(int(requests_.size()));
       layer_of_.push_back(l);
@@ -112,7 +113,7 @@ void Trainer::Submit(int l) {
 }
 
 bool Trainer::AllReduced(int s) const {
-  for (int l = 0; l < L_; ++l) if (reduced_[l] < s) return false;
+  for (int l = 0; l < L(); ++l) if (reduced_[l] < s) return false;
   return true;
 }
 
@@ -121,28 +122,28 @@ bool Trainer::Compute() {
   const double now = net_.now();
   if (compute_left_ >= 0 && compute_left_ <= 1e-12) {
     compute_left_ = -1;
-    if (task_ >= L_) {
-      const int l = 2 * L_ - 1 - task_;
+    if (task_ >= L()) {
+      const int l = 2 * L() - 1 - task_;
       Submit(l);
       if (l == 0) bwd_end_[step_] = now;
     }
-    if (++task_ == 2 * L_) {
+    if (++task_ == 2 * L()) {
       task_ = 0;
       ++step_;
     }
     changed = true;
   }
-  if (compute_left_ < 0 && step_ < S_) {
+  if (compute_left_ < 0 && step_ < S()) {
     bool ready = true;
-    if (task_ < L_ && step_ > 0) ready = cfg_.cross_iteration ? reduced_[task_] >= step_ - 1 : AllReduced(step_ - 1);
+    if (task_ < L() && step_ > 0) ready = cfg_.cross_iteration ? reduced_[task_] >= step_ - 1 : AllReduced(step_ - 1);
     if (ready) {
-      const SimLayer& layer = cfg_.layers[task_ < L_ ? task_ : 2 * L_ - 1 - task_];
+      const SimLayer& layer = cfg_.layers[task_ < L() ? task_ : 2 * L() - 1 - task_];
       if (task_ == 0) {
         f0_start_[step_] = now;
         busy_at_[step_] = net_.link_busy();
         cycles_at_[step_] = thread_->engine().cycles();
       }
-      compute_left_ = task_ < L_ ? layer.fwd : layer.bwd;
+      compute_left_ = task_ < L() ? layer.fwd : layer.bwd;
       changed = true;
     }
   }
@@ -180,7 +181,7 @@ bool Trainer::Run(SimResult* out, std::string* error) {
     net_.set_link_rate(compute_left_ >= 0 ? 1 / (1 + cfg_.contention) : 1);
     net_.set_cpu_rate(compute_left_ >= 0 ? 1 / (1 + cfg_.codec_contention) : 1);
     const double next = std::min({compute_left_ >= 0 ? net_.now() + compute_left_ * slow : kInf, net_.NextEvent(),
-                                  step_ < S_ || !thread_->Quiet() ? thread_->NextAction() : kInf});
+                                  step_ < S() || !thread_->Quiet() ? thread_->NextAction() : kInf});
     if (!(next < kInf) || next < net_.now()) {
       error_ = "the simulation stalled at t=" + Num(net_.now()) + " s (step " + std::to_string(step_) + ")";
       break;
@@ -196,14 +197,14 @@ bool Trainer::Run(SimResult* out, std::string* error) {
 }
 
 void Trainer::Summarize(SimResult* out) const {
-  const int w = cfg_.warmup, intervals = S_ - 1 - w;
-  out->step = (f0_start_[S_ - 1] - f0_start_[w]) / intervals;
+  const int w = cfg_.warmup, intervals = S() - 1 - w;
+  out->step = (f0_start_[S() - 1] - f0_start_[w]) / intervals;
   for (const SimLayer& l : cfg_.layers) out->compute += l.fwd + l.bwd;
   out->efficiency = out->compute / out->step;
   out->exposed = out->step - out->compute;
-  for (int s = w; s < S_ - 1; ++s) out->first_exposed += (f0_start_[s + 1] - bwd_end_[s]) / intervals;
-  out->link_busy = (busy_at_[S_ - 1] - busy_at_[w]) / intervals;
-  out->cycles = int64_t(cycles_at_[S_ - 1] - cycles_at_[w]) / intervals;
+  for (int s = w; s < S() - 1; ++s) out->first_exposed += (f0_start_[s + 1] - bwd_end_[s]) / intervals;
+  out->link_busy = (busy_at_[S() - 1] - busy_at_[w]) / intervals;
+  out->cycles = int64_t(cycles_at_[S() - 1] - cycles_at_[w]) / intervals;
   out->stats = stats_.Json();
 }
 
