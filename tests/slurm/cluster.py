@@ -2,7 +2,7 @@
 
 The hosts h0, h1, ... are benchmarks/hosts.py's network namespaces (eth0 on a bridge, address
 10.77.0.(i+1)), each with its own host name (a UTS namespace) and an /etc/hosts naming all of
-them, as in tests/ssh/cluster.py.  Debian's daemons run unchanged from their packages: one
+them, as in tests/ssh/cluster.py; what a slurmd starts also has the host's own /dev/shm.  Debian's daemons run unchanged from their packages: one
 munged (in this machine's namespaces; its socket is a file every host reaches), slurmctld on
 h0 and a slurmd on every host, started with `-N hI` on the host's address.  Everything they
 keep -- munge key and socket, slurm.conf, state, spool directories, logs, pid files -- is in a
@@ -56,6 +56,10 @@ START_TIMEOUT_S = 60.0
 
 # Run in a host: its own host name, then the command.
 _IN_HOST = 'hostname "$0" && exec "$@"'
+# A host's slurmd (and so every task it starts): its own host name and its own /dev/shm, as on
+# separate machines -- MPICH names a node's shared-memory segment after the job, so the ranks of
+# two hosts sharing one /dev/shm would open each other's.
+_SLURMD_IN_HOST = 'hostname "$0" && mount -t tmpfs -o mode=1777,size=1g mlsl-shm /dev/shm && exec "$@"'
 
 
 def missing_prerequisites():
@@ -198,10 +202,15 @@ class SlurmCluster:
     def namespace(self, i):
         return hosts.host_namespace(self.net.prefix, i)
 
-    def _daemon(self, i, name, argv):
-        """``argv`` started in host ``i`` (its namespace and host name); output to tmp/<name>.out."""
-        full = ["ip", "netns", "exec", self.namespace(i), "unshare", "--uts", "sh", "-c", _IN_HOST,
-                host_name(i)] + argv
+    def _daemon(self, i, name, argv, own_shm=False):
+        """``argv`` started in host ``i`` (its namespace and host name; with ``own_shm`` its own
+        /dev/shm); output to tmp/<name>.out."""
+        if own_shm:
+            full = ["ip", "netns", "exec", self.namespace(i), "unshare", "--uts", "--mount", "sh", "-c",
+                    _SLURMD_IN_HOST, host_name(i)] + argv
+        else:
+            full = ["ip", "netns", "exec", self.namespace(i), "unshare", "--uts", "sh", "-c", _IN_HOST,
+                    host_name(i)] + argv
         log = open(self.path(f"{name}.out"), "a")
         with log:
             return subprocess.Popen(full, env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
@@ -210,7 +219,8 @@ class SlurmCluster:
     def start_slurmd(self, i, wait=True):
         """Starts host ``i``'s slurmd (again); with ``wait``, until its node is idle."""
         os.makedirs(self.path("spool", host_name(i)), exist_ok=True)
-        self.slurmd[i] = self._daemon(i, f"slurmd.{host_name(i)}", [SLURMD, "-D", "-N", host_name(i)])
+        self.slurmd[i] = self._daemon(i, f"slurmd.{host_name(i)}", [SLURMD, "-D", "-N", host_name(i)],
+                                      own_shm=True)
         if wait:
             self.wait_idle([i])
 
@@ -354,6 +364,13 @@ class SlurmCluster:
             if marker in cmdline:
                 found[pid] = cmdline
         return found
+
+    def rx_bytes(self, i):
+        """Bytes host ``i`` has received on its eth0."""
+        out = subprocess.run(["ip", "netns", "exec", self.namespace(i), "cat",
+                              f"/sys/class/net/{hosts.IFACE}/statistics/rx_bytes"],
+                             capture_output=True, text=True, check=True, timeout=30)
+        return int(out.stdout)
 
     # -------------------------------------------------------------- teardown
 
