@@ -382,9 +382,9 @@ class SlurmCluster:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except ProcessLookupError:
                     pass
-        for proc in daemons:
+        for proc in daemons:  # their state is thrown away: a short grace
             try:
-                proc.wait(timeout=10)
+                proc.wait(timeout=3)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()

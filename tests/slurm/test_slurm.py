@@ -128,17 +128,6 @@ def test_sbatch_mlslrun_two_nodes_one_task_each(slurm):
     assert received > MIN_LINK_BYTES, received
 
 
-def test_sbatch_mlslrun_two_nodes_two_tasks_each(slurm):
-    script = write_script(slurm, "digits.sbatch", batch_scripts()[0])
-    job_id, fields, text = run_batch_job(slurm, script, "--nodes=2", "--ntasks-per-node=2")
-    assert fields["NodeList"] == "h[0-1]" and fields["NumTasks"] == "4" and fields["NumCPUs"] == "4"
-    assert launched_on(slurm, job_id) == ["h0", "h1"]
-    acc, images = accuracy(text, 4)
-    assert acc >= 0.9 and images == 450
-    # mlslrun's rank tags: all four ranks ran and ended well
-    assert sorted(set(re.findall(r"^\[(\d)\]<", text, re.M))) == ["0", "1", "2", "3"], text[-3000:]
-
-
 def test_sbatch_srun_pmi2_without_mlslrun(slurm):
     script = write_script(slurm, "digits-srun.sbatch", batch_scripts()[1])
     job_id, fields, text = run_batch_job(slurm, script, "--nodes=2", "--ntasks-per-node=1")
@@ -149,16 +138,17 @@ def test_sbatch_srun_pmi2_without_mlslrun(slurm):
     assert "[0]<stdout>" not in text  # no mlslrun here
 
 
-def test_salloc_mlslrun(slurm):
-    argv = ["salloc", "--nodes=2", "--ntasks-per-node=1", "mlslrun", "--verbose", "-np", "2",
+def test_salloc_mlslrun_two_nodes_two_tasks_each(slurm):
+    argv = ["salloc", "--nodes=2", "--ntasks-per-node=2", "mlslrun", "--verbose", "-np", "4",
             "python", "examples/keras_digits.py"]
     code, out, err, seconds = slurm.run(argv, env=job_env(), timeout=JOB_TIMEOUT_S)
     show(f"{' '.join(argv)}: exit code {code}, {seconds:.0f} s", out + err)
     assert code == 0, out[-3000:] + err[-3000:]
     job_id = re.search(r"Granted job allocation (\d+)", err).group(1)
-    assert re.search(r"^mlslrun: slurm launcher: \S*srun --ntasks=2 --kill-on-bad-exit=1 --mpi=pmi2 ", out, re.M), out
+    assert re.search(r"^mlslrun: slurm launcher: \S*srun --ntasks=4 --kill-on-bad-exit=1 --mpi=pmi2 ", out, re.M), out
+    assert slurm.job(job_id)["NumTasks"] == "4"  # 2 CPUs per node: two tasks on each
     assert launched_on(slurm, job_id) == ["h0", "h1"]
-    acc, images = accuracy(out, 2)
+    acc, images = accuracy(out, 4)
     assert acc >= 0.9 and images == 450
 
 
