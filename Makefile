@@ -180,7 +180,7 @@ test-ssh: venv lib
 # scripts of docs/slurm.md (mlslrun, srun --mpi=pmi2) and salloc + mlslrun train the digits
 # example on 2 nodes x 1 and 2 x 2 tasks, srun without PMI is refused, scancel ends every rank, a
 # killed slurmd fails the job naming the node. Root only: it fails elsewhere, it never skips.
-# Installs slurm-wlm and munge where missing; when apt cannot, it fails. ~4 min.
+# Installs slurm-wlm and munge where missing; when apt cannot, it fails. ~3 min on 2 cores.
 SLURM_PACKAGES := slurm-wlm munge
 .PHONY: test-slurm
 test-slurm: venv lib
