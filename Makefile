@@ -6,8 +6,10 @@
 #                    (on every core unless -j is given; `pip install .` runs it: docs/install.md)
 #   make core-tests  build and run the C++ tests of ops/core (no TensorFlow, no MPI)
 #   make test        everything: C++ tests, single-process pytest, multi-rank pytest (2 and 3 ranks),
-#                    elastic mlslrun (test-elastic) and test-ssh
+#                    elastic mlslrun (test-elastic), test-ssh and test-slurm
 #   make test-ssh    mlslrun through ssh between emulated hosts (root: namespaces, sshd; docs/ssh.md)
+#   make test-slurm  a real SLURM (Debian's slurmctld, slurmd, munge) on emulated hosts: sbatch,
+#                    salloc + mlslrun, srun --mpi=pmi2, scancel, a failing node (root; docs/slurm.md)
 #   make test-openmpi  Debian's Open MPI: the ops built against it (build/openmpi), tests/mpi at 2
 #                    ranks under its mpirun (not part of make test, ~25 min; docs/openmpi.md)
 #   make example     train the digits CNN on 2 ranks
@@ -146,7 +148,7 @@ test-mpi: venv lib sim
 test-elastic: venv lib
 	timeout 1200 $(PYTHON) -m pytest -q -p no:cacheprovider --timeout 600 --durations=5 tests/elastic
 
-test: venv core-tests lib test-unit test-mpi test-elastic test-ssh
+test: venv core-tests lib test-unit test-mpi test-elastic test-ssh test-slurm
 	@echo "all test suites passed"
 
 horovod-suite: venv lib
@@ -172,6 +174,23 @@ test-ssh: venv lib
 	  apt-get update || true; \
 	  DEBIAN_FRONTEND=noninteractive apt-get install -y openssh-server openssh-client; fi
 	PYTHONPATH=$(CURDIR) timeout -k 30 900 $(PYTHON) -m pytest -q -s -p no:cacheprovider tests/ssh
+
+# A real SLURM on emulated hosts (tests/slurm): the namespaces of test-ssh, Debian's munged,
+# slurmctld on h0 and a slurmd on h0 and h1, all state in a temporary directory; from h0 the batch
+# scripts of docs/slurm.md (mlslrun, srun --mpi=pmi2) and salloc + mlslrun train the digits
+# example on 2 nodes x 1 and 2 x 2 tasks, srun without PMI is refused, scancel ends every rank, a
+# killed slurmd fails the job naming the node. Root only: it fails elsewhere, it never skips.
+# Installs slurm-wlm and munge where missing; when apt cannot, it fails. ~3 min on 2 cores.
+SLURM_PACKAGES := slurm-wlm munge
+.PHONY: test-slurm
+test-slurm: venv lib
+	@test "$$(id -u)" = 0 || { echo "make test-slurm: needs root (network namespaces, slurmd, munged)"; exit 1; }
+	@if [ ! -x /usr/sbin/slurmctld ] || [ ! -x /usr/sbin/slurmd ] || [ ! -x /usr/sbin/munged ] || ! command -v sbatch >/dev/null; then \
+	  echo "make test-slurm: installing $(SLURM_PACKAGES) (apt-get)"; \
+	  apt-get update || true; \
+	  DEBIAN_FRONTEND=noninteractive apt-get install -y -o DPkg::Lock::Timeout=600 $(SLURM_PACKAGES) \
+	    || { echo "make test-slurm: cannot install $(SLURM_PACKAGES)"; exit 1; }; fi
+	PYTHONPATH=$(CURDIR) timeout -k 30 900 $(PYTHON) -m pytest -q -s -p no:cacheprovider --timeout 600 --durations=10 tests/slurm
 
 # Open MPI (Debian's packages): the ops built against it in $(OMPI_DIR) (its own objects and
 # _mlsl_tf.so; the default MPICH build in build/obj and mlsl_tf/_mlsl_tf.so is untouched),

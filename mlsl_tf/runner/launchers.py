@@ -245,16 +245,33 @@ def build_intel_argv(plan: LaunchPlan) -> list[str]:
     return argv
 
 
-def build_srun_argv(plan: LaunchPlan) -> list[str]:
-    """SLURM: ``srun --ntasks=N --kill-on-bad-exit=1 [--nodelist=...] [--export=ALL,V=X]``.
+# The PMI srun offers the ranks unless the user chose one: MPICH from PyPI speaks PMI-1 and
+# PMI-2 over PMI_FD (SLURM's mpi/pmi2), not PMIx, and under --mpi=none every rank would start
+# MPI alone, as a world of one (docs/slurm.md).
+SRUN_DEFAULT_MPI = "pmi2"
+SRUN_MPI_TYPE_ENV = "SLURM_MPI_TYPE"  # srun's own variable for --mpi
 
-    Hosts need the same rank count on each (srun's --ntasks-per-node);
-    a value containing ',' cannot go through --export and is a UsageError.
+
+def srun_mpi_chosen(mpi_args: Sequence[str], environ_names: Sequence[str]) -> bool:
+    """Whether the user chose srun's PMI: ``--mpi=TYPE`` / ``--mpi TYPE`` in --mpi-args, or
+    SLURM_MPI_TYPE in the environment."""
+    return SRUN_MPI_TYPE_ENV in environ_names or \
+        any(a == "--mpi" or a.startswith("--mpi=") for a in mpi_args)
+
+
+def build_srun_argv(plan: LaunchPlan) -> list[str]:
+    """SLURM: ``srun --ntasks=N --kill-on-bad-exit=1 [--mpi=pmi2] [--nodelist=...] [--export=ALL,V=X]``.
+
+    --mpi=pmi2 unless the user chose srun's PMI (srun_mpi_chosen).  Hosts need the same rank
+    count on each (srun's --ntasks-per-node); a value containing ',' cannot go through
+    --export and is a UsageError.
     """
     if plan.ssh.given:
         raise UsageError("--ssh-port/--ssh-identity-file: srun starts the ranks without ssh; "
                          "drop them, or use --launcher mpi")
     argv = [plan.program, f"--ntasks={plan.num_proc}", "--kill-on-bad-exit=1"]
+    if not srun_mpi_chosen(plan.mpi_args, plan.environ_names):
+        argv.append(f"--mpi={SRUN_DEFAULT_MPI}")
     if plan.hosts is not None:
         counts = {h.slots for h in plan.hosts}
         if len(counts) != 1:

@@ -156,3 +156,21 @@ def from_environ(environ: Mapping[str, str], on_start=None) -> Optional[PmiRelay
         return PmiRelay(int(text), on_start)
     except OSError:
         return None
+
+
+# What a process manager gives a rank so that its MPI finds the other ranks: a PMI-1/PMI-2 socket
+# (hydra, SLURM's pmi2), hydra's PMI server address, a PMIx server (Open MPI, SLURM's pmix).
+PMI_ENV_VARS = (PMI_FD_ENV, "PMI_PORT", "PMIX_NAMESPACE")
+
+
+def srun_without_pmi(environ: Mapping[str, str], num_proc: Optional[int]) -> Optional[str]:
+    """Why this task, one of ``num_proc`` that srun started (its rank only in SLURM_PROCID), would
+    start MPI as a world of one, or None (pure).  That is srun --mpi=none (or a cluster's
+    MpiDefault=none): no PMI_ENV_VARS reach the task, and MPI_Init then makes a world of one."""
+    if not num_proc or num_proc < 2 or "SLURM_PROCID" not in environ:
+        return None
+    if any(name in environ for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", *PMI_ENV_VARS)):
+        return None
+    return (f"srun started this task with no PMI (none of {', '.join(PMI_ENV_VARS)} is set: srun --mpi=none?), "
+            f"so its MPI would run it alone instead of as one of {num_proc} ranks; launch it with "
+            f"srun --mpi=pmi2 (what mlslrun passes unless --mpi-args or SLURM_MPI_TYPE name another)")

@@ -34,6 +34,8 @@ On every rank it:
     mlslrun or mpiexec was killed does not keep training;
   * when the command fails, prints one line naming rank, host and pid and exits
     non-zero (the command's code, or 128 + signal number);
+  * refuses to start the command when srun gave it no PMI (pmi_relay.srun_without_pmi: srun
+    --mpi=none), where its MPI would be a world of one rank;
   * with ``--status-dir`` and a PMI connection to the launcher (PMI_FD: MPICH's and Intel
     MPI's hydra, SLURM's pmi2), passes that connection through itself and reads the names
     of the commands the command sends on it, so the status says whether the command started
@@ -157,6 +159,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _warn(str(e))
         return 2
     host = socket.gethostname()
+    lone = pmi_relay.srun_without_pmi(os.environ, ns.num_proc)
+    if lone is not None:
+        _warn(f"rank {rank} (host {host}): {lone}")
+        return 2
     output_dir = None
     if ns.output_filename is not None:
         output_dir = os.path.join(ns.output_filename, output.rank_dir_name(rank, ns.num_proc))

@@ -18,7 +18,7 @@ import time
 import pytest
 
 from mlsl_tf import basics as hvd_basics
-from mlsl_tf.runner import launch, output, placement, rank_status, task
+from mlsl_tf.runner import launch, output, placement, pmi_relay, rank_status, task
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
@@ -335,6 +335,31 @@ def test_task_writes_markers_and_status(tmp_path):
     status = rank_status.read_status(rank_status.status_path(str(tmp_path), 3))
     assert status.exitcode == 4 and status.signal is None and status.failed
     assert "mlslrun: rank 3 (host " in r.stderr and "exited with code 4" in r.stderr
+
+
+def test_task_under_srun_without_pmi_refuses(tmp_path):
+    """srun --mpi=none: the task has its rank only in SLURM_PROCID and no PMI; MPI would make it a
+    world of one, so the wrapper says why and does not start the command."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in placement.RANK_ENV_VARS and k not in pmi_relay.PMI_ENV_VARS}
+    marker = tmp_path / "ran"
+    r = subprocess.run([sys.executable, task.__file__, "--num-proc", "2", "--", "touch", str(marker)],
+                       env=dict(env, SLURM_PROCID="1"), capture_output=True, text=True, timeout=60,
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 2 and not marker.exists()
+    assert "rank 1 (host " in r.stderr and "srun started this task with no PMI" in r.stderr, r.stderr
+    assert "instead of as one of 2 ranks" in r.stderr and "srun --mpi=pmi2" in r.stderr
+
+
+@pytest.mark.parametrize("environ,num_proc,refused", [
+    ({"SLURM_PROCID": "0"}, 2, True),
+    ({"SLURM_PROCID": "0"}, 1, False),  # a world of one is what was asked
+    ({"SLURM_PROCID": "0", "PMI_FD": "5", "PMI_RANK": "0"}, 2, False),  # srun --mpi=pmi2
+    ({"SLURM_PROCID": "0", "PMIX_NAMESPACE": "slurm.pmix.1.0", "PMIX_RANK": "0"}, 2, False),  # --mpi=pmix
+    ({"PMI_RANK": "0", "PMI_FD": "5"}, 2, False),  # hydra
+])
+def test_srun_without_pmi(environ, num_proc, refused):
+    assert (pmi_relay.srun_without_pmi(environ, num_proc) is not None) == refused
 
 
 def test_task_success_is_quiet(tmp_path):

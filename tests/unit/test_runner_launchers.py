@@ -230,8 +230,22 @@ def test_intel_unequal_slots_use_mpmd():
 
 
 def test_srun_inside_allocation():
+    """srun is told to give the ranks SLURM's pmi2 (PyPI's MPICH speaks no PMIx; without a PMI
+    every rank would be a world of one)."""
     argv = build_launch_argv("slurm", plan_for(["-np", "8", "python"], program="srun"))
-    assert argv == ["srun", "--ntasks=8", "--kill-on-bad-exit=1", *rank_cmd("python", np=8)]
+    assert argv == ["srun", "--ntasks=8", "--kill-on-bad-exit=1", "--mpi=pmi2", *rank_cmd("python", np=8)]
+
+
+@pytest.mark.parametrize("mpi_args,environ", [
+    (["--mpi-args", "--mpi=pmix"], {}),
+    (["--mpi-args", "--mpi pmix"], {}),
+    ([], {"SLURM_MPI_TYPE": "pmix"}),
+])
+def test_srun_pmi_chosen_by_the_user_is_kept(mpi_args, environ):
+    argv = build_launch_argv("slurm", plan_for(["-np", "2", *mpi_args, "python"], program="srun",
+                                               environ=environ))
+    assert "--mpi=pmi2" not in argv
+    assert argv[:3] == ["srun", "--ntasks=2", "--kill-on-bad-exit=1"]
 
 
 def test_srun_hosts_env_and_mpi_args():
