@@ -98,9 +98,10 @@ lib:
 	@$(MAKE) --no-print-directory $$($(PARALLEL)) $(LIB)
 
 # The C++ tests: one object per source, compiled in parallel like the library (build/testobj).
-TEST_OBJ := $(patsubst ops/%.cc,build/testobj/%.o,$(CORE_SRC) $(TEST_SRC))
+# The simulator's driver too (not its main): the tests step it against the operation tables.
+TEST_OBJ := $(patsubst ops/%.cc,build/testobj/%.o,$(CORE_SRC) $(filter-out ops/core/sim/main.cc,$(wildcard ops/core/sim/*.cc)) $(TEST_SRC))
 
-build/testobj/%.o: ops/%.cc $(HEADERS) $(wildcard ops/core/tests/*.h)
+build/testobj/%.o: ops/%.cc $(HEADERS) $(wildcard ops/core/tests/*.h ops/core/sim/*.h)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXSTD) -O3 -Wextra -Iops/core -c $< -o $@
 

@@ -1,4 +1,4 @@
-// MakeAlgorithm (which algorithm runs an op), the barrier and failed algorithms, and the
+// MakeAlgorithm (the algorithm of a way, operations.h), the barrier and failed algorithms, and the
 // piece and row arithmetic shared by the algorithm files.
 #include "algorithm.h"
 
@@ -45,18 +45,20 @@ std::unique_ptr<Algorithm> MakeFailed(const Status& s) { return std::make_unique
 
 std::unique_ptr<Algorithm> MakeAlgorithm(const RequestMeta& m, Request* r, const std::vector<bool>& joined, int rank,
                                          int size, int64_t piece_bytes) {
+  return MakeAlgorithm(ChooseRequest(FactsOf(m)), m, r, joined, rank, size, piece_bytes);
+}
+
+std::unique_ptr<Algorithm> MakeAlgorithm(Way way, const RequestMeta& m, Request* r, const std::vector<bool>& joined,
+                                         int rank, int size, int64_t piece_bytes) {
   piece_bytes = std::max<int64_t>(piece_bytes, 1);
-  switch (m.op) {
-    case OpType::kBroadcast: return MakeBroadcast(m, r, joined, rank, piece_bytes);
-    case OpType::kAllgather: return MakeAllgather(m, r, rank, size, piece_bytes);
-    case OpType::kAlltoall: return MakeAlltoall(m, r, rank, size, piece_bytes);
-    case OpType::kReducescatter:
-      if (m.compressed()) return MakeWireReducescatter(m, r, rank, size, piece_bytes);
-      return MakeReducescatter(m, r, rank, size, piece_bytes);
-    case OpType::kBarrier: return MakeBarrier();
-    case OpType::kAllreduce:
-      if (m.reduce_op == ReduceOp::kAdasum) return MakeAdasum(m, r, rank, size, piece_bytes);
-      break;
+  switch (way) {
+    case Way::kBroadcast: return MakeBroadcast(m, r, joined, rank, piece_bytes);
+    case Way::kAllgather: return MakeAllgather(m, r, rank, size, piece_bytes);
+    case Way::kAlltoall: return MakeAlltoall(m, r, rank, size, piece_bytes);
+    case Way::kWireReducescatter: return MakeWireReducescatter(m, r, rank, size, piece_bytes);
+    case Way::kReducescatter: return MakeReducescatter(m, r, rank, size, piece_bytes);
+    case Way::kBarrier: return MakeBarrier();
+    case Way::kAdasum: return MakeAdasum(m, r, rank, size, piece_bytes);
     default: break;
   }
   // Other allreduces are the Scheduler's chunks; join and group changes the Runtime's own.

@@ -13,6 +13,7 @@
 
 #include "communicator.h"
 #include "meta.h"
+#include "operations.h"
 #include "request.h"
 
 namespace mlsl {
@@ -41,11 +42,15 @@ class Algorithm {
   Status local_failure_;
 };
 
-// The algorithm of m's op, for a rank of `size` ranks (request null: this rank has joined and
-// contributes the identity, or no rows). Never null: a collective that fails on agreed facts (a
-// joined broadcast root, Adasum over a rank count that is not a power of two, an op that is not
-// a collective of the Scheduler) gets an algorithm with no pieces whose Finish says why; one
-// with nothing to move (Adasum of one rank) gets no pieces and Finish makes its outputs.
+// The algorithm of `way` (operations.h's choice for m), for a rank of `size` ranks (request
+// null: this rank has joined and contributes the identity, or no rows). Never null: a collective
+// that fails on agreed facts (a joined broadcast root, Adasum over a rank count that is not a
+// power of two, a way that is not an algorithm in pieces) gets an algorithm with no pieces whose
+// Finish says why; one with nothing to move (Adasum of one rank) gets no pieces and Finish makes
+// its outputs.
+std::unique_ptr<Algorithm> MakeAlgorithm(Way way, const RequestMeta& m, Request* r, const std::vector<bool>& joined,
+                                         int rank, int size, int64_t piece_bytes);
+// The same, with the way operations.h chooses for m.
 std::unique_ptr<Algorithm> MakeAlgorithm(const RequestMeta& m, Request* r, const std::vector<bool>& joined, int rank,
                                          int size, int64_t piece_bytes);
 

@@ -116,7 +116,7 @@ extern "C" int mlsl_tf_init(void) {
   // The one reading of the settings: every object below takes its values from these options.
   const mlsl::RuntimeOptions options = mlsl::RuntimeOptionsFromSettings();
   std::unique_ptr<mlsl::Communicator> comm;
-  mlsl::Status s = mlsl::CreateMpiCommunicator(options.ring_bytes, &comm);
+  mlsl::Status s = mlsl::CreateMpiCommunicator(&comm);
   if (!s.ok()) return mlsl::Fail(s.message());
   s = mlsl::AgreeOnSettings(comm.get());
   if (!s.ok()) return mlsl::Fail(s.message());

@@ -54,8 +54,11 @@ class Communicator {
 
   // buf (count elements) becomes the reduction over all ranks of send (in place when send is null)
   // times scale (ScaleInPlace's arithmetic, once per element, so every rank holds the same bits).
+  // `native`: with the transport's own reduction where it has one that gives every rank the same
+  // bits (operations.h says when), else the core's kernels (reduce.h).
   virtual std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                               const void* send = nullptr, double scale = 1.0) = 0;
+                                               const void* send = nullptr, double scale = 1.0,
+                                               bool native = false) = 0;
   // `words` (count uint64s), in place, becomes every rank's words combined by `combine`
   // (associative and commutative; e.g. the runtime's control message: ControlMessage::Combine).
   // The words are combined whole: implementations must not cut them into pieces.

@@ -5,6 +5,7 @@
 #include <cstring>
 #include <new>
 
+#include "operations.h"
 #include "reduce.h"
 
 namespace mlsl {
@@ -13,10 +14,9 @@ EagerPath::EagerPath(int64_t bytes, int rank, int size, Timeline* timeline, Stat
     : bytes_(bytes), rank_(rank), size_(size), timeline_(timeline), stats_(stats) {}
 
 bool EagerPath::Rides(const PendingRequest& p) const {
-  const RequestMeta& m = p.meta;
-  return bytes_ > 0 && m.op == OpType::kAllreduce && m.group == 0 && !m.compressed() && !m.error_feedback &&
-         m.reduce_op != ReduceOp::kAdasum && p.request->inputs.size() == m.shapes.size() &&
-         Elements(m) * int64_t(DataTypeSize(m.dtype)) <= bytes_;
+  OperationFacts f = FactsOf(p.meta);
+  f.eager_bytes = bytes_;
+  return ChooseRequest(f) == Way::kEager && p.request->inputs.size() == p.meta.shapes.size();
 }
 
 int64_t EagerPath::Fill(const PendingTable& pending, FailureNote* failure, std::vector<uint64_t>* region) const {
@@ -120,6 +120,7 @@ Status EagerPath::FinishOne(const EagerEntry& e, const RequestMeta& meta, Pendin
   }
   stats_->Request();
   stats_->Eager();
+  stats_->Ran(WayName(Way::kEager));
   if (timeline_->enabled()) {
     // The reduction rode in this cycle's control message: negotiated and done in one round.
     timeline_->Instant(ShownName(meta.name), "eager", "queue", now);

@@ -10,7 +10,7 @@
 namespace mlsl {
 namespace {
 
-enum Kind { kAllreduce = 1, kWords, kAllgatherv, kBroadcast, kAlltoallv, kReduceScatter, kBarrier, kSplit };
+enum Kind { kAllreduce = 1, kWords, kAllgatherv, kBroadcast, kReduceScatter, kBarrier, kSplit };
 
 class FailedPending : public PendingOp {
  public:
@@ -119,16 +119,6 @@ void FakeWorld::Compute(Slot* slot) {
         if (r != p[0].root) std::memcpy(p[r].buf, p[p[0].root].buf, p[0].count);
       }
       break;
-    case kAlltoallv:
-      for (int r = 0; r < n; ++r) {
-        char* out = static_cast<char*>(p[r].buf);
-        for (int s = 0; s < n; ++s) {
-          const char* from = static_cast<const char*>(p[s].send) + Sum(p[s].sizes, r);
-          std::memcpy(out, from, p[s].sizes[r]);
-          out += p[r].recv_sizes[s];
-        }
-      }
-      break;
     case kReduceScatter:
       ReduceScatter(p);
       break;
@@ -153,8 +143,7 @@ std::unique_ptr<PendingOp> FakeCommunicator::Start(FakeWorld::Part part) {
 }
 
 std::unique_ptr<PendingOp> FakeCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                                       const void* send, double scale) {
-  if (world_->p2p_collectives) return MakeRingAllreduce(this, NextTag(), buf, count, dtype, op, send, scale, nullptr);
+                                                       const void* send, double scale, bool /*native*/) {
   if (send && send != buf && count) std::memcpy(buf, send, count * DataTypeSize(dtype));
   FakeWorld::Part p;
   p.kind = kAllreduce; p.buf = buf; p.count = count; p.dtype = dtype; p.op = op;
@@ -182,10 +171,8 @@ std::unique_ptr<PendingOp> FakeCommunicator::Broadcast(void* buf, int64_t bytes,
 
 std::unique_ptr<PendingOp> FakeCommunicator::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
                                                        void* recv, const std::vector<int64_t>& recv_bytes) {
-  if (world_->p2p_collectives) return MakePointToPointAlltoallv(this, NextTag(), send, send_bytes, recv, recv_bytes);
-  FakeWorld::Part p;
-  p.kind = kAlltoallv; p.send = send; p.buf = recv; p.sizes = send_bytes; p.recv_sizes = recv_bytes;
-  return Start(std::move(p));
+  // As the MPI transport: rounds of point-to-point messages.
+  return MakePointToPointAlltoallv(this, NextTag(), send, send_bytes, recv, recv_bytes);
 }
 
 std::unique_ptr<PendingOp> FakeCommunicator::ReduceScatter(const void* send, void* recv, const std::vector<int64_t>& counts,
@@ -206,7 +193,6 @@ std::shared_ptr<FakeWorld> FakeWorld::SplitWorld(uint64_t seq, int members) {
   auto& [world, taken] = splits_[seq];
   if (!world) {
     world = std::make_shared<FakeWorld>(members);
-    world->p2p_collectives = p2p_collectives;
     world->faults = faults;
   }
   std::shared_ptr<FakeWorld> out = world;

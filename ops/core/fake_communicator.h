@@ -24,9 +24,6 @@ class FakeWorld {
   int size() const { return size_; }
   // Messages larger than this fail (as MPI's int counts would): tests of cutting them.
   int64_t max_message_bytes = INT64_MAX;
-  // Allreduce and Alltoallv as MpiCommunicator runs them between ranks: the ring and the
-  // all-to-all of point-to-point messages (p2p_algorithms.h). Split worlds inherit it.
-  bool p2p_collectives = false;
   // Fault injection for tests of failures on one rank: rank `rank`'s `nth_recv`-th receive
   // (counted from 1 over this world and every world split from it) is posted as usual but its
   // Test fails. With `keep_dropped`, a receive whose op is destroyed before it completed stays
@@ -51,7 +48,7 @@ class FakeWorld {
     ReduceOp op = ReduceOp::kSum;
     CombineFn combine = nullptr;  // AllreduceWords
     int root = 0;
-    std::vector<int64_t> sizes, recv_sizes;
+    std::vector<int64_t> sizes;
   };
   // Deposits rank's part of its seq-th operation; returns that operation's slot number.
   uint64_t Arrive(int rank, uint64_t seq, Part part);
@@ -106,7 +103,7 @@ class FakeCommunicator : public Communicator {
   int size() const override { return world_->size(); }
   Topology topology() const override;
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                       const void* send = nullptr, double scale = 1.0) override;
+                                       const void* send = nullptr, double scale = 1.0, bool native = false) override;
   std::unique_ptr<PendingOp> AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) override;
   std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
   std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;

@@ -122,7 +122,7 @@ class MpiReceive : public MpiMessage {
 
 class MpiCommunicator : public Communicator {
  public:
-  MpiCommunicator(MPI_Comm comm, int64_t ring_bytes) : comm_(comm), ring_bytes_(ring_bytes) {
+  explicit MpiCommunicator(MPI_Comm comm) : comm_(comm) {
     MPI_Comm_rank(comm_, &rank_);
     MPI_Comm_size(comm_, &size_);
     MPI_Comm local;
@@ -157,15 +157,10 @@ class MpiCommunicator : public Communicator {
   int64_t max_message_bytes() const override { return int64_t(1) << 30; }
 
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op, const void* send,
-                                       double scale) override {
+                                       double scale, bool native) override {
     if (!FitsInt(count)) return TooLarge("allreduce");
-    const int64_t bytes = count * int64_t(DataTypeSize(dtype));
-    const bool one_machine = OnOneMachine(topo_, size_);  // the same on every rank (mpi_checks.h)
-    if (one_machine && ring_bytes_ > 0 && bytes >= ring_bytes_ && FitsInt(bytes)) {
-      return MakeRingAllreduce(this, NextTag(), buf, count, dtype, op, send, scale, pool_);
-    }
     auto p = std::make_unique<MpiPending>();
-    const MPI_Op mpi_op = OpFor(user_, dtype, op, !one_machine);
+    const MPI_Op mpi_op = OpFor(user_, dtype, op, native);
     // MPI's own float Sum/Product keep whichever NaN payload its order met first: canonicalize
     const bool builtin = mpi_op == BuiltinOp(dtype, op) && (dtype == DataType::kFloat32 || dtype == DataType::kFloat64);
     int rc = MPI_Iallreduce(send && send != buf ? send : MPI_IN_PLACE, buf, int(count), NativeType(dtype), mpi_op, comm_, p->request());
@@ -224,7 +219,7 @@ class MpiCommunicator : public Communicator {
     out->reset();
     if (sub != MPI_COMM_NULL) {
       MPI_Comm_set_errhandler(sub, MPI_ERRORS_RETURN);
-      *out = std::make_unique<MpiCommunicator>(sub, ring_bytes_);
+      *out = std::make_unique<MpiCommunicator>(sub);
     }
     return Status::Ok();
   }
@@ -285,9 +280,6 @@ class MpiCommunicator : public Communicator {
   int rank_ = 0, size_ = 1;
   Topology topo_;
   UserOps user_;
-  const int64_t ring_bytes_;  // MLSL_TF_RING_BYTES
-  // The ring's in-place scratch, one segment per operation in flight on this communicator.
-  std::shared_ptr<BufferPool> pool_ = std::make_shared<BufferPool>(4, size_t(1) << 30);
 };
 
 // The thread level and the launcher's world (mpi_checks.h), before any communication.
@@ -309,7 +301,7 @@ Status CheckWorld(bool initialised_by_us) {
 
 }  // namespace
 
-Status CreateMpiCommunicator(int64_t ring_bytes, std::unique_ptr<Communicator>* out) {
+Status CreateMpiCommunicator(std::unique_ptr<Communicator>* out) {
   int initialised = 0, finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized) return Status::FailedPrecondition("MPI has already been finalized in this process");
@@ -327,7 +319,7 @@ Status CreateMpiCommunicator(int64_t ring_bytes, std::unique_ptr<Communicator>* 
   int rc = MPI_Comm_dup(MPI_COMM_WORLD, &comm);
   if (rc != MPI_SUCCESS) return Status::Internal(MpiError("MPI_Comm_dup", rc));
   MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN);
-  *out = std::make_unique<MpiCommunicator>(comm, ring_bytes);
+  *out = std::make_unique<MpiCommunicator>(comm);
   return Status::Ok();
 }
 

@@ -22,6 +22,7 @@ RuntimeOptions RuntimeOptionsFromSettings() {
   e.scheduler.inflight = int(SettingInt("MLSL_TF_INFLIGHT"));
   e.scheduler.fusion_threshold = SettingInt("MLSL_TF_FUSION_THRESHOLD");
   e.scheduler.fifo = SettingString("MLSL_TF_PRIORITY") == "fifo";
+  e.scheduler.ring_bytes = SettingInt("MLSL_TF_RING_BYTES");
   e.default_wire = WireFromSettings();
   e.stall_warning = std::chrono::seconds(SettingInt("MLSL_TF_STALL_WARNING_SECONDS"));
   e.stall_shutdown = std::chrono::seconds(SettingInt("MLSL_TF_STALL_SHUTDOWN_SECONDS"));
@@ -33,7 +34,6 @@ RuntimeOptions RuntimeOptionsFromSettings() {
   o.comm_nice = int(SettingInt("MLSL_TF_COMM_NICE"));
   o.timeline = SettingString("MLSL_TF_TIMELINE");
   o.timeline_variable = SettingSource("MLSL_TF_TIMELINE");
-  o.ring_bytes = SettingInt("MLSL_TF_RING_BYTES");
   return o;
 }
 

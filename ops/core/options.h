@@ -32,7 +32,6 @@ struct RuntimeOptions {
   // Taken at init, before the Runtime exists:
   std::string timeline;                              // MLSL_TF_TIMELINE ("" or "DYNAMIC": none)
   std::string timeline_variable = "MLSL_TF_TIMELINE";  // ... or the alias it was read from
-  int64_t ring_bytes = 262144;                       // MLSL_TF_RING_BYTES (CreateMpiCommunicator)
 };
 
 // Every option from the settings (the environment or the table's defaults), checked at init by

@@ -6,6 +6,7 @@
 #include <new>
 
 #include "memory.h"
+#include "p2p_algorithms.h"
 #include "reduce.h"
 #include "scheduler_work.h"
 #include "wire.h"
@@ -35,8 +36,9 @@ void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finis
   auto w = std::make_unique<Work>();
   w->meta = meta;
   w->order = order_++;
-  // Adasum runs in its own pieces, never fused: its dot products are per tensor.
-  w->chunked = meta.op == OpType::kAllreduce && meta.reduce_op != ReduceOp::kAdasum;
+  // An eager allreduce that missed its ride (not ready on every rank in time) runs as chunks.
+  w->way = ChooseRequest(Facts(meta, Elements(meta) * int64_t(DataTypeSize(meta.dtype))));
+  w->chunked = w->way == Way::kChunks || w->way == Way::kEager;
   w->total = Elements(meta);
   w->piecewise = !w->chunked;
   Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
@@ -94,6 +96,7 @@ void Scheduler::Fuse(Work* head) {
 // tensor, otherwise a packed buffer; a joined rank's parts hold the identity.
 void Scheduler::Prepare(Work* w) {
   w->prepared = true;
+  stats_->Ran(WayName(Way::kChunks));
   w->first_start = Now();
   const size_t esize = DataTypeSize(w->meta.dtype);
   for (Part& p : w->parts) {
@@ -166,7 +169,9 @@ void Scheduler::StartChunk(Work* w) {
   // Each in-flight slot has its own communicator (slot_set.h).
   const int slot_index = int(unit->seq % uint64_t(options_.inflight));
   Communicator* slot = slots_.Get(slot_index);
-  if (compressed) {
+  const Way way = ChooseChunk(Facts(w->meta, n * int64_t(esize)));
+  stats_->Ran(WayName(way));
+  if (way == Way::kWireAllreduce) {
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
     const float* in = w->src ? reinterpret_cast<const float*>(w->src) + w->next : data;
     float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
@@ -177,11 +182,18 @@ void Scheduler::StartChunk(Work* w) {
                                          slots_.scratch(slot_index), res_in, res_out, PostFactor(*w))
                     : nullptr;
     unit->bytes = n * int64_t(WireElementSize(w->meta.wire));
+  } else if (way == Way::kRingAllreduce) {
+    // The average's division and the postscale too, to the segment each rank reduced.
+    unit->op = slot ? MakeRingAllreduce(slot, slot->NextTag(), w->buf + w->next * esize, n, w->meta.dtype,
+                                        w->meta.reduce_op, w->src ? w->src + w->next * esize : nullptr,
+                                        PostFactor(*w), slots_.ring_pool())
+                    : nullptr;
   } else {
     // The average's division and the postscale too: the communicator applies them as each chunk
-    // completes (the one-host ring to the segment each rank reduced), so Finalize does not.
+    // completes, so Finalize does not.
     unit->op = slot ? slot->Allreduce(w->buf + w->next * esize, n, w->meta.dtype, w->meta.reduce_op,
-                                      w->src ? w->src + w->next * esize : nullptr, PostFactor(*w))
+                                      w->src ? w->src + w->next * esize : nullptr, PostFactor(*w),
+                                      way == Way::kNativeAllreduce)
                     : nullptr;
   }
   w->last_seq = unit->seq;
@@ -199,7 +211,8 @@ size_t Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_don
       Part& p = w->parts[0];
       int64_t piece = std::max<int64_t>(1, std::min(options_.chunk_bytes, comm_->max_message_bytes()));
       starting_ = w;
-      w->algo = MakeAlgorithm(w->meta, p.request, joined, comm_->rank(), comm_->size(), piece);
+      w->algo = MakeAlgorithm(w->way, w->meta, p.request, joined, comm_->rank(), comm_->size(), piece);
+      stats_->Ran(WayName(w->way));
       if (!w->algo->local_failure().ok()) {
         FailHere(*w, LocalFailure(w->algo->local_failure()));
         return queue_.size();
@@ -369,6 +382,14 @@ void Scheduler::Broke(size_t i, const Status& s) {
   FailHere(*inflight_[i]->work, s);
   broken_.push_back(std::move(inflight_[i]));
   inflight_.erase(inflight_.begin() + i);
+}
+
+OperationFacts Scheduler::Facts(const RequestMeta& m, int64_t bytes) const {
+  OperationFacts f = FactsOf(m);
+  f.bytes = bytes;
+  f.one_host = options_.one_host;
+  f.ring_bytes = options_.ring_bytes;
+  return f;
 }
 
 double Scheduler::PostFactor(const Work& w) const {

@@ -38,6 +38,7 @@
 #include "communicator.h"
 #include "memory.h"
 #include "meta.h"
+#include "operations.h"
 #include "pacer.h"
 #include "request.h"
 #include "residuals.h"
@@ -59,8 +60,10 @@ struct SchedulerOptions {
   int64_t fusion_threshold;  // 0 = no fusion
   bool fifo;
   const TimeSource* clock = nullptr;  // null: steady_clock; must outlive the scheduler
-  // Every member on this host (MPI moves the data only inside Test): poll, never pace.
+  // Every member on this host (MPI moves the data only inside Test): poll, never pace; and
+  // chunks of at least ring_bytes run as the ring (operations.h).
   bool one_host = false;
+  int64_t ring_bytes = 262144;  // MLSL_TF_RING_BYTES
 };
 
 class Scheduler {
@@ -136,6 +139,8 @@ class Scheduler {
   static Status LocalFailure(const Status& s);
   // StartUpTo's loop.
   void StartUnits(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done);
+  // The facts the operation tables (operations.h) choose by, for `bytes` of m.
+  OperationFacts Facts(const RequestMeta& m, int64_t bytes) const;
   // What the result of w is multiplied by: postscale, and 1/size for an average.
   double PostFactor(const Work& w) const;
 

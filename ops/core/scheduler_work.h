@@ -26,6 +26,7 @@ struct Scheduler::Part {
 // A unit of scheduling: one collective, or several fused allreduces.
 struct Scheduler::Work {
   RequestMeta meta;
+  Way way;  // how it runs (operations.h): chunks, or an algorithm in pieces
   uint64_t order;  // fifo key
   std::vector<Part> parts;
   bool chunked = false;

@@ -334,7 +334,7 @@ std::unique_ptr<PendingOp> SimCommunicator::Start(SimCost c) {
 }
 
 std::unique_ptr<PendingOp> SimCommunicator::Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                                      const void* send, double scale) {
+                                                      const void* send, double scale, bool /*native*/) {
   const int64_t bytes = count * int64_t(DataTypeSize(dtype));
   if (send && send != buf && bytes) std::memcpy(buf, send, bytes);
   return ScaledWhenDone(Start(AllreduceCost(net_->fabric(), bytes)), buf, count, dtype, scale);

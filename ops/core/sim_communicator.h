@@ -163,7 +163,7 @@ class SimCommunicator : public Communicator {
   int size() const override { return net_->fabric().ranks; }
   Topology topology() const override;
   std::unique_ptr<PendingOp> Allreduce(void* buf, int64_t count, DataType dtype, ReduceOp op,
-                                       const void* send = nullptr, double scale = 1.0) override;
+                                       const void* send = nullptr, double scale = 1.0, bool native = false) override;
   std::unique_ptr<PendingOp> AllreduceWords(uint64_t* words, int64_t count, CombineFn combine) override;
   std::unique_ptr<PendingOp> Allgatherv(const void* send, void* recv, const std::vector<int64_t>& bytes) override;
   std::unique_ptr<PendingOp> Broadcast(void* buf, int64_t bytes, int root) override;

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "communicator.h"
+#include "memory.h"
 #include "wire.h"
 
 namespace mlsl {
@@ -20,6 +21,8 @@ class SlotSet {
   Communicator* Get(int i);
   WireScratch* scratch(int i) { return &scratch_[i]; }
   const Status& error() const { return error_; }
+  // The ring's in-place scratch (p2p_algorithms.h), one segment per unit in flight.
+  const std::shared_ptr<BufferPool>& ring_pool() const { return ring_pool_; }
 
  private:
   Communicator* const comm_;
@@ -28,6 +31,7 @@ class SlotSet {
   std::vector<WireScratch> scratch_;
   std::vector<std::unique_ptr<Communicator>> slots_;
   Status error_;
+  std::shared_ptr<BufferPool> ring_pool_ = std::make_shared<BufferPool>(4, size_t(1) << 30);
 };
 
 }  // namespace mlsl

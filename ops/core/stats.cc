@@ -17,6 +17,12 @@ std::string Stats::Json() const {
        << ", \"mean_s\": " << (w.first ? w.second / w.first : 0.0) << "}";
     first = false;
   }
+  os << "}, \"ways\": {";
+  first = true;
+  for (const auto& [way, n] : ways_) {
+    os << (first ? "" : ", ") << "\"" << way << "\": " << n;
+    first = false;
+  }
   os << "}}";
   return os.str();
 }

@@ -28,6 +28,14 @@ class Stats {
     w.first += 1;
     w.second += seconds;
   }
+  // A collective (a way of operations.h: "chunks" once per allreduce, then each chunk's way)
+  // started running; how many did, by way.
+  void Ran(const char* way) { std::lock_guard<std::mutex> l(mu_); ++ways_[way]; }
+  int64_t ran(const std::string& way) const {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = ways_.find(way);
+    return it == ways_.end() ? 0 : it->second;
+  }
   std::string Json() const;
 
  private:
@@ -37,6 +45,7 @@ class Stats {
   int64_t eager_ = 0;     // allreduces finished inside the control message
   int64_t in_place_ = 0;  // allreduces whose output is their input's buffer (TF forwarded it)
   std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
+  std::map<std::string, int64_t> ways_;              // operations.h's way -> collectives or chunks run
 };
 
 }  // namespace mlsl

@@ -165,6 +165,6 @@ TEST(runtime_options_defaults_are_the_settings_tables) {
   CHECK_EQ(int64_t(o.heartbeat.count()), number("MLSL_TF_HEARTBEAT_MS"));
   CHECK_EQ(int64_t(o.spin.count()), number("MLSL_TF_SPIN_US"));
   CHECK_EQ(int64_t(o.comm_nice), number("MLSL_TF_COMM_NICE"));
-  CHECK_EQ(o.ring_bytes, number("MLSL_TF_RING_BYTES"));
+  CHECK_EQ(o.engine.scheduler.ring_bytes, number("MLSL_TF_RING_BYTES"));
   CHECK(!o.engine.scheduler.fifo && o.engine.default_wire == DataType::kFloat32 && !o.mark_cycles);
 }

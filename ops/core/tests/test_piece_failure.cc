@@ -28,11 +28,11 @@ struct Outcome {
   std::vector<std::vector<char>> out;
 };
 
-// A world whose Allreduce and Alltoallv are the point-to-point algorithms and whose rank
-// `rank` fails its `nth` receive; dropped receives stay posted, as MPI_Request_free leaves them.
+// A world whose rank `rank` fails its `nth` receive; dropped receives stay posted, as
+// MPI_Request_free leaves them. Its all-to-alls are point-to-point rounds, and the engines run
+// every allreduce chunk as the ring (ring_bytes 1): the receives can fail.
 std::shared_ptr<FakeWorld> FaultyWorld(int n, int rank, int nth) {
   auto world = std::make_shared<FakeWorld>(n);
-  world->p2p_collectives = true;
   world->faults = std::make_shared<FakeWorld::Faults>();
   world->faults->rank = rank;
   world->faults->nth_recv = nth;
@@ -101,6 +101,7 @@ EngineOptions Options() {
   EngineOptions options;
   options.eager_bytes = 0;  // every allreduce goes through the scheduler's transfers
   options.scheduler.fusion_threshold = 0;
+  options.scheduler.ring_bytes = 1;  // the fake world is one host: every chunk runs as the ring
   return options;
 }
 
@@ -211,9 +212,16 @@ TEST(piece_failure_a_failed_alltoall_receive_fails_every_rank_and_the_collective
   for (int r = 0; r < n; ++r) CHECK(other[r].done && other[r].status.ok() == other[0].status.ok());
 }
 
+// Runtimes whose allreduce chunks all run as the ring (see FaultyWorld).
+RuntimeOptions RingOptions() {
+  RuntimeOptions options;
+  options.engine.scheduler.ring_bytes = 1;
+  return options;
+}
+
 TEST(piece_failure_runtimes_fail_every_rank_within_the_deadline) {
   // The same through the Runtime's thread: Get aborts the test binary on a hang.
-  mlsl_test::RunRanksOn(RuntimeOptions(), FaultyWorld(3, 0, 2), [](int rank, Runtime& rt) {
+  mlsl_test::RunRanksOn(RingOptions(), FaultyWorld(3, 0, 2), [](int rank, Runtime& rt) {
     std::vector<float> x(3000, float(rank));
     mlsl::Request r = FloatAllreduce("weights", x);
     auto f = mlsl_test::Submit(rt, std::move(r));
@@ -232,7 +240,7 @@ TEST(piece_failure_in_a_group_closes_every_rank_the_non_member_too) {
   // Group {0, 1} of 3 ranks: its communicator is a world split off, where rank 0 is rank 0 too,
   // and rank 0's first receive is the first step of the group allreduce's ring (the control and
   // negotiation exchanges are collectives, not receives), so rank 1 waits for its second step.
-  mlsl_test::RunRanksOn(RuntimeOptions(), FaultyWorld(3, 0, 1), [](int rank, Runtime& rt) {
+  mlsl_test::RunRanksOn(RingOptions(), FaultyWorld(3, 0, 1), [](int rank, Runtime& rt) {
     auto add = mlsl_test::Submit(rt, rt.GroupChange(OpType::kAddGroup, {0, 1}));
     mlsl_test::Result added = mlsl_test::Get(add);
     CHECK(added.status.ok());
