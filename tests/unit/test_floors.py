@@ -23,16 +23,19 @@ FLOORS = {
     "mlsl_tf.groups": 3,        # process sets
     "mlsl_tf.ops": 4,           # the collectives and their gradients
     "mlsl_tf.overlap": 5,       # cross-iteration overlap
-    "mlsl_tf.keras2_compat": 5,  # Keras 2 (tf_keras): its DistributedOptimizer and optimizer helpers
-    "mlsl_tf.keras3_compat": 4,  # Keras 3: the optimizer helpers callbacks and elastic state use
+    "mlsl_tf.keras2_compat": 4,  # Keras 2 (tf_keras): its private members, the optimizer helpers and hooks
+    "mlsl_tf.keras3_compat": 4,  # Keras 3: its private members, the optimizer helpers and hooks
     "mlsl_tf.keras_flavour": 6,  # which of the two compat modules an object needs
     "mlsl_tf.parallel": 5,      # model-parallel ops
     "mlsl_tf.functions": 5,     # broadcast_variables, *_object
-    "mlsl_tf.optimizer": 6,     # DistributedOptimizer
-    "mlsl_tf.optimizer_v1": 7,  # DistributedOptimizer over TensorFlow 1 optimizers
+    "mlsl_tf.optimizer": 0,     # DistributedOptimizer's subpackage: a docstring, imports nothing
+    "mlsl_tf.optimizer.reduce": 5,    # ReduceOptions: the reduction optimizers and tapes share
+    "mlsl_tf.optimizer.keras2": 5,    # DistributedOptimizer over Keras 2 (tf_keras) optimizers
+    "mlsl_tf.optimizer.keras3": 6,    # DistributedOptimizer over Keras 3 optimizers
+    "mlsl_tf.optimizer.tf1": 6,       # DistributedOptimizer over TensorFlow 1 optimizers
+    "mlsl_tf.optimizer.dispatch": 7,  # the public DistributedOptimizer: picks one of the three
     "mlsl_tf.tape": 7,          # DistributedGradientTape
     "mlsl_tf.elastic": 7,       # elastic state objects and run (resets under elastic mlslrun)
-    "mlsl_tf.optimizers": 8,    # DistributedOptimizer for any optimizer (picks the wrapper)
     "mlsl_tf.keras.layers": 8,
     "mlsl_tf.keras.callbacks": 8,
     "mlsl_tf.keras.sync_batch_norm": 8,
@@ -155,6 +158,6 @@ def test_the_checker_sees_an_upward_import(tmp_path):
     copy.write_text(text)
     assert "mlsl_tf.keras.callbacks" in imported_modules(copy)
     for reach in ('sys.modules.get("mlsl_tf.overlap")', 'sys.modules["mlsl_tf.groups"]',
-                  'importlib.import_module("mlsl_tf.optimizer")'):
+                  'importlib.import_module("mlsl_tf.optimizer.dispatch")'):
         copy.write_text(bad.read_text() + f"\n\ndef _late():\n    return {reach}\n")
         assert reach.split('"')[1] in imported_modules(copy), reach
