@@ -1,8 +1,8 @@
 """Per-rank wrapper that mlslrun puts in front of the user's command.
 
 Run by file path, ``python .../mlsl_tf/runner/task.py [options] -- cmd...``,
-so it never imports TensorFlow: standard library only, plus mlsl_tf/cores.py (the one parser
-of MLSL_TF_COMM_CORE, itself standard library only; the package's __init__ imports nothing) and
+so it never imports TensorFlow: standard library only, plus mlsl_tf/cpu_placement.py (the one
+parser of MLSL_TF_COMM_CORE, standard library only when imported; the package's __init__ imports nothing) and
 the wrapper's own modules of runner/, each standard library only: placement.py (rank, CPUs),
 rank_status.py (status files), output.py (output copies and tags), pmi_relay.py (the PMI
 connection), child.py (the command's process), worker_env.py (HOROVOD_* variables).  This file
@@ -43,7 +43,7 @@ On every rank it:
   * with MLSL_TF_COMM_CORE set (mlslrun --comm-core), starts the command with a CPU
     affinity that leaves out the communication cores, so TensorFlow's thread pools (sized
     from the affinity mask, inherited by every thread) stay off them.  mlsl_tf's init()
-    still pins the background thread to its core (the same rule, mlsl_tf/cores.py): Linux
+    still pins the background thread to its core (the same rule, mlsl_tf/cpu_placement.py): Linux
     affinity is per thread and may name any core of the cgroup's cpuset, whatever mask the
     thread inherited.
 """
@@ -62,7 +62,7 @@ _STARTED_BY = os.getppid()  # as early as possible: the parent may die while thi
 
 if not __package__:  # run by file path (every rank): the package's parent dir, for mlsl_tf.runner
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-# The wrapper's own modules, standard library only (placement also mlsl_tf.cores): see above.
+# The wrapper's own modules, standard library only (placement also mlsl_tf.cpu_placement): see above.
 from mlsl_tf.runner import child as child_process  # noqa: E402
 from mlsl_tf.runner import output, placement, pmi_relay, rank_status, worker_env  # noqa: E402
 

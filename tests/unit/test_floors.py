@@ -1,7 +1,7 @@
 """The Python package has floors, as the C++ core does: each module imports only modules on
 lower floors (at the top of the file or inside a function alike), so it can be read bottom-up.
 runner/ stands apart: it imports none of the package except, for --check-build, the loaded
-library and the package's version, and mlsl_tf.cores (standard library only), the one parser of
+library and the package's version, and mlsl_tf.cpu_placement (standard library only when imported), the one parser of
 MLSL_TF_COMM_CORE.  runner/'s own modules have floors too (RUNNER_FLOORS), with the same rule."""
 
 import ast
@@ -15,10 +15,8 @@ FLOORS = {
     "mlsl_tf.compression": 0,   # casting compressors
     "mlsl_tf.timeline": 0,      # PNG of a trace file
     "mlsl_tf.simulate": 0,      # the N-node simulator's driver (runs build/mlsl_sim)
-    "mlsl_tf.cores": 0,         # MLSL_TF_COMM_CORE: the background thread's core (runner/ uses it too)
-    "mlsl_tf.affinity": 0,      # which cores a rank's threads run on
     "mlsl_tf.elastic_link": 0,  # a worker's connection to elastic mlslrun
-    "mlsl_tf.threads": 1,       # TensorFlow pool sizes
+    "mlsl_tf.cpu_placement": 1,  # where threads run: comm core (runner/ uses it too), binding, TF pools
     "mlsl_tf.basics": 2,        # init, shutdown, rank/size, progress output
     "mlsl_tf.groups": 3,        # process sets
     "mlsl_tf.ops": 4,           # the collectives and their gradients
@@ -43,7 +41,7 @@ FLOORS = {
     "mlsl_tf.keras": 9,
     "mlsl_tf": 10,              # the package: lazy exports of everything
 }
-RUNNER_MAY_IMPORT = {"mlsl_tf._library", "mlsl_tf", "mlsl_tf.cores"}
+RUNNER_MAY_IMPORT = {"mlsl_tf._library", "mlsl_tf", "mlsl_tf.cpu_placement"}
 # runner/ has floors of its own, with the same rule
 RUNNER_FLOORS = {
     "mlsl_tf.runner": 0,              # the package: a docstring, imports nothing

@@ -362,11 +362,11 @@ def test_task_without_rank_env_is_an_error():
 
 # Every rank starts through task.py before its command, so the wrapper must start fast and must never
 # load TensorFlow or mlsl_tf's heavy modules (the loaded library, basics, ops ...).  Of the package it
-# loads exactly: the lazy __init__ (imports nothing), cores.py (the one parser of MLSL_TF_COMM_CORE)
+# loads exactly: the lazy __init__ (imports nothing), cpu_placement.py (the one parser of MLSL_TF_COMM_CORE)
 # and the wrapper's own modules of runner/ -- runner/__init__ (a docstring), placement, rank_status,
 # output, pmi_relay, child -- each standard library only.  Not launch.py, argv.py or the other
 # modules of mlslrun itself, which the wrapper never needs.  A module added here must be as light.
-TASK_MODULES = ["mlsl_tf", "mlsl_tf.cores", "mlsl_tf.runner", "mlsl_tf.runner.child", "mlsl_tf.runner.output",
+TASK_MODULES = ["mlsl_tf", "mlsl_tf.cpu_placement", "mlsl_tf.runner", "mlsl_tf.runner.child", "mlsl_tf.runner.output",
                 "mlsl_tf.runner.placement", "mlsl_tf.runner.pmi_relay", "mlsl_tf.runner.rank_status",
                 "mlsl_tf.runner.worker_env"]
 
