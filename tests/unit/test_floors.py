@@ -1,8 +1,12 @@
 """The Python package has floors, as the C++ core does: each module imports only modules on
-lower floors (at the top of the file or inside a function alike), so it can be read bottom-up.
+lower floors, so it can be read bottom-up. An import counts wherever it is: at the top of the
+file, inside a function, relative (`from . import x`), or a module reached by name through
+sys.modules, importlib.import_module or __import__. Imports of the package's modules belong at
+the top of the file: one inside a function needs its reason in LAZY_IMPORTS.
 runner/ stands apart: it imports none of the package except, for --check-build, the loaded
-library and the package's version, and mlsl_tf.cpu_placement (standard library only when imported), the one parser of
-MLSL_TF_COMM_CORE.  runner/'s own modules have floors too (RUNNER_FLOORS), with the same rule."""
+library and the package's version, and mlsl_tf.cpu_placement (standard library only when
+imported), the one parser of MLSL_TF_COMM_CORE.  runner/'s own modules have floors too
+(RUNNER_FLOORS), with the same rule."""
 
 import ast
 import pathlib
@@ -67,6 +71,19 @@ RUNNER_FLOORS = {
 }
 
 
+# Imports inside a function, of a module of the package: each needs a reason to be lazy (the
+# floor rule applies to them as to every import). (importer, imported) -> why.
+LAZY_IMPORTS = {
+    ("mlsl_tf.cpu_placement", "mlsl_tf._library"):
+        "mlslrun's rank wrapper imports cpu_placement for MLSL_TF_COMM_CORE and loads nothing else of the "
+        "package (tests/unit/test_mlslrun.py, TASK_MODULES); only the functions init() calls need the settings",
+    ("mlsl_tf.runner.launch", "mlsl_tf._library"):
+        "--check-build only: mlslrun loads the compiled library only when asked to check it",
+    ("mlsl_tf.runner.launch", "mlsl_tf"):
+        "--check-build only: the package's version when it is not installed as a distribution",
+}
+
+
 def module_name(path):
     parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
     if parts[-1] == "__init__":
@@ -74,9 +91,13 @@ def module_name(path):
     return ".".join(parts)
 
 
+def _known(name):
+    return name in FLOORS or name in RUNNER_FLOORS
+
+
 def _names_a_module_reached_by_name(node):
-    """The mlsl_tf module a `sys.modules[...]`, `sys.modules.get(...)` or
-    `importlib.import_module(...)` expression reaches, or None."""
+    """The mlsl_tf module a `sys.modules[...]`, `sys.modules.get(...)`, `importlib.import_module(...)`
+    (or `import_module(...)`) or `__import__(...)` expression reaches, or None."""
     def is_sys_modules(n):
         return isinstance(n, ast.Attribute) and n.attr == "modules" and isinstance(n.value, ast.Name) \
             and n.value.id == "sys"
@@ -87,26 +108,81 @@ def _names_a_module_reached_by_name(node):
             (node.func.attr in ("get", "pop") and is_sys_modules(node.func.value))
             or node.func.attr == "import_module"):
         arg = node.args[0]
+    elif isinstance(node, ast.Call) and node.args and isinstance(node.func, ast.Name) and \
+            node.func.id in ("import_module", "__import__"):
+        arg = node.args[0]
     if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and arg.value.startswith("mlsl_tf"):
         return arg.value
     return None
 
 
-def imported_modules(path):
+def _modules_of(node, package):
+    """The mlsl_tf modules one node imports or reaches by name; `package` is the package the file
+    belongs to (its relative imports start there)."""
+    reached = _names_a_module_reached_by_name(node)
+    if reached:
+        return {reached}
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name.startswith("mlsl_tf")}
+    if not isinstance(node, ast.ImportFrom):
+        return set()
+    base = node.module or ""
+    if node.level:  # from . import x, from ..ops import y
+        parts = package.split(".")
+        parts = parts[:len(parts) - (node.level - 1)]
+        base = ".".join(parts + ([node.module] if node.module else []))
+    if not base.startswith("mlsl_tf"):
+        return set()
+    out = set()
+    for a in node.names:  # "from mlsl_tf import ops" imports the module mlsl_tf.ops
+        sub = f"{base}.{a.name}"
+        out.add(sub if _known(sub) else base)
+    return out
+
+
+def _package_of(path, module):
+    return module if path.name == "__init__.py" else module.rpartition(".")[0]
+
+
+def imported_modules(path, module=None):
     """Every mlsl_tf module a file imports, anywhere in it (inside functions too), or reaches by
-    name through sys.modules or importlib."""
+    name through sys.modules or importlib. `module`: the file's module name (default: from its
+    path in the package)."""
+    module = module or module_name(path)
+    package = _package_of(path, module)
     out = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        reached = _names_a_module_reached_by_name(node)
-        if reached:
-            out.add(reached)
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names if a.name.startswith("mlsl_tf")}
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("mlsl_tf"):
-            for a in node.names:  # "from mlsl_tf import ops" imports the module mlsl_tf.ops
-                sub = f"{node.module}.{a.name}"
-                out.add(sub if sub in FLOORS or sub in RUNNER_FLOORS else node.module)
+        out |= _modules_of(node, package)
     return out
+
+
+def lazily_imported_modules(path, module=None):
+    """The mlsl_tf modules a file imports (or reaches by name) inside a function."""
+    module = module or module_name(path)
+    package = _package_of(path, module)
+    out = set()
+    for function in ast.walk(ast.parse(path.read_text())):
+        if isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            for node in ast.walk(function):
+                out |= _modules_of(node, package)
+    return out
+
+
+def upward_imports(path, module=None, floors=None):
+    """'me (floor a) imports other (floor b)' for each import of a module on the file's floor or
+    above (modules without a floor in `floors` are not compared)."""
+    module = module or module_name(path)
+    floors = FLOORS if floors is None else floors
+    return [f"{module} (floor {floors[module]}) imports {other} (floor {floors[other]})"
+            for other in sorted(imported_modules(path, module))
+            if other != module and other in floors and floors[other] >= floors[module]]
+
+
+def unlisted_lazy_imports(path, module=None):
+    """'me imports other inside a function' for each lazy import LAZY_IMPORTS does not list."""
+    module = module or module_name(path)
+    return [f"{module} imports {other} inside a function" for other in sorted(lazily_imported_modules(path, module))
+            if other != module and (module, other) not in LAZY_IMPORTS]
 
 
 def files():
@@ -122,13 +198,17 @@ def test_every_module_has_a_floor():
 def test_imports_go_only_downward():
     upward = []
     for path in files():
-        me = module_name(path)
-        if me.startswith("mlsl_tf.runner"):
-            continue
-        for other in imported_modules(path):
-            if other != me and FLOORS[other] >= FLOORS[me]:
-                upward.append(f"{me} (floor {FLOORS[me]}) imports {other} (floor {FLOORS[other]})")
+        if not module_name(path).startswith("mlsl_tf.runner"):
+            upward += upward_imports(path)
     assert upward == []
+
+
+def test_imports_inside_functions_only_where_listed():
+    lazy = [v for path in files() for v in unlisted_lazy_imports(path)]
+    assert lazy == [], ("import these at the top of the file, or list why they must wait in LAZY_IMPORTS: "
+                        f"{lazy}")
+    found = {(module_name(p), other) for p in files() for other in lazily_imported_modules(p)}
+    assert set(LAZY_IMPORTS) <= found, f"LAZY_IMPORTS lists imports no longer made: {set(LAZY_IMPORTS) - found}"
 
 
 def test_runner_stands_apart():
@@ -140,22 +220,56 @@ def test_runner_stands_apart():
 def test_runner_imports_go_only_downward():
     missing = [module_name(p) for p in (PACKAGE / "runner").glob("*.py") if module_name(p) not in RUNNER_FLOORS]
     assert missing == [], f"give these modules a floor in RUNNER_FLOORS: {missing}"
-    upward = []
-    for path in (PACKAGE / "runner").glob("*.py"):
-        me = module_name(path)
-        for other in imported_modules(path):
-            if other in RUNNER_FLOORS and other != me and RUNNER_FLOORS[other] >= RUNNER_FLOORS[me]:
-                upward.append(f"{me} (floor {RUNNER_FLOORS[me]}) imports {other} (floor {RUNNER_FLOORS[other]})")
+    upward = [v for path in (PACKAGE / "runner").glob("*.py") for v in upward_imports(path, floors=RUNNER_FLOORS)]
     assert upward == []
 
 
+def _planted(tmp_path, code, name="basics.py"):
+    """A copy of the package's `name` with `code` appended, outside the package."""
+    copy = tmp_path / name
+    copy.parent.mkdir(parents=True, exist_ok=True)
+    copy.write_text((PACKAGE / name).read_text() + "\n\n" + code + "\n")
+    return copy
+
+
 def test_the_checker_sees_an_upward_import(tmp_path):
-    bad = PACKAGE / "basics.py"
-    text = bad.read_text() + "\n\ndef _late():\n    from mlsl_tf.keras import callbacks\n"
-    copy = tmp_path / "basics.py"
-    copy.write_text(text)
-    assert "mlsl_tf.keras.callbacks" in imported_modules(copy)
+    copy = _planted(tmp_path, "def _late():\n    from mlsl_tf.keras import callbacks\n")
+    assert "mlsl_tf.keras.callbacks" in imported_modules(copy, "mlsl_tf.basics")
+    assert upward_imports(copy, "mlsl_tf.basics") == \
+        [f"mlsl_tf.basics (floor {FLOORS['mlsl_tf.basics']}) imports mlsl_tf.keras.callbacks "
+         f"(floor {FLOORS['mlsl_tf.keras.callbacks']})"]
     for reach in ('sys.modules.get("mlsl_tf.overlap")', 'sys.modules["mlsl_tf.groups"]',
-                  'importlib.import_module("mlsl_tf.optimizer.dispatch")'):
-        copy.write_text(bad.read_text() + f"\n\ndef _late():\n    return {reach}\n")
-        assert reach.split('"')[1] in imported_modules(copy), reach
+                  'importlib.import_module("mlsl_tf.optimizer.dispatch")', '__import__("mlsl_tf.ops")',
+                  'import_module("mlsl_tf.tape")'):
+        copy = _planted(tmp_path, f"def _late():\n    return {reach}\n")
+        reached = reach.split('"')[1]
+        assert reached in imported_modules(copy, "mlsl_tf.basics"), reach
+        assert any(f"imports {reached} " in v for v in upward_imports(copy, "mlsl_tf.basics")), reach
+
+
+def test_the_checker_sees_a_relative_import(tmp_path):
+    copy = _planted(tmp_path, "from . import overlap\nfrom .optimizer import keras3\n")
+    assert {"mlsl_tf.overlap", "mlsl_tf.optimizer.keras3"} <= imported_modules(copy, "mlsl_tf.basics")
+    copy = _planted(tmp_path, "from .. import tape\nfrom ..keras import callbacks\n", name="optimizer/reduce.py")
+    assert {"mlsl_tf.tape", "mlsl_tf.keras.callbacks"} <= imported_modules(copy, "mlsl_tf.optimizer.reduce")
+    assert len(upward_imports(copy, "mlsl_tf.optimizer.reduce")) == 2
+
+
+def test_the_checker_sees_an_unlisted_lazy_import(tmp_path):
+    assert unlisted_lazy_imports(PACKAGE / "basics.py") == []
+    # downward, but inside a function and not in LAZY_IMPORTS: refused all the same
+    for code in ("def _late():\n    from mlsl_tf import _library\n",
+                 "def _late():\n    import mlsl_tf.elastic_link\n",
+                 "class _C:\n    def m(self):\n        return sys.modules['mlsl_tf._library']\n",
+                 "async def _late():\n    from . import compression\n",
+                 "_f = lambda: importlib.import_module('mlsl_tf._library')\n"):
+        copy = _planted(tmp_path, code)
+        assert unlisted_lazy_imports(copy, "mlsl_tf.basics"), code
+    # the same import at the top of the file is an ordinary (downward) one
+    copy = _planted(tmp_path, "from mlsl_tf import _library as _again\n")
+    assert unlisted_lazy_imports(copy, "mlsl_tf.basics") == [] and upward_imports(copy, "mlsl_tf.basics") == []
+    # a listed one passes, and only for its importer
+    copy = _planted(tmp_path, "def _late():\n    from mlsl_tf import _library\n", name="cpu_placement.py")
+    assert unlisted_lazy_imports(copy, "mlsl_tf.cpu_placement") == []
+    assert unlisted_lazy_imports(copy, "mlsl_tf.compression") == ["mlsl_tf.compression imports mlsl_tf._library "
+                                                                  "inside a function"]
