@@ -157,14 +157,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         _warn(str(e))
         return 2
     host = socket.gethostname()
-    output_dir = None
-    if ns.output_filename is not None:
-        output_dir = os.path.join(ns.output_filename, output.rank_dir_name(rank, ns.num_proc))
-        try:
-            os.makedirs(output_dir, exist_ok=True)
-        except OSError as e:  # e.g. a regular file on the path, on this host
-            _warn(f"--output-filename: cannot make {output_dir} on {socket.gethostname()}: {e.strerror}")
-            return 2
+    output_dir = _output_dir(ns, rank)
+    if output_dir is False:
+        return 2
     if ns.status_dir is not None:
         _write_start_marker(ns.status_dir, rank, host)
         os.environ[rank_status.FAILURE_FILE_ENV] = rank_status.failure_path(ns.status_dir, rank)
@@ -198,7 +193,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for sig in child_process.FORWARDED_SIGNALS:
         signal.signal(sig, child.forward)
     threading.Thread(target=child_process.watch_parent, args=(parent, child, _warn), daemon=True).start()
-    code = child.wait()
+    status = _final_status(ns, rank, host, child, child.wait(), relay)
+    if ns.status_dir is not None:
+        _write_status(ns.status_dir, status)
+    driver.ended(status.wrapper_exit_code)
+    if status.failed and not (driver.sock is not None and status.exitcode == worker_env.RESET_EXIT_CODE):
+        print(f"mlslrun: {status.describe()}", file=sys.stderr, flush=True)
+    return status.wrapper_exit_code
+
+
+def _output_dir(ns, rank: int):
+    """This rank's --output-filename directory, made (None without the option), or False when it
+    cannot be made (said on stderr)."""
+    if ns.output_filename is None:
+        return None
+    output_dir = os.path.join(ns.output_filename, output.rank_dir_name(rank, ns.num_proc))
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:  # e.g. a regular file on the path, on this host
+        _warn(f"--output-filename: cannot make {output_dir} on {socket.gethostname()}: {e.strerror}")
+        return False
+    return output_dir
+
+
+def _final_status(ns, rank: int, host: str, child, code: int, relay) -> rank_status.RankStatus:
+    """How the command ended (exit code `code`), with the failure it reported, if any."""
     failure = {}
     if ns.status_dir is not None and code != 0:
         failure = rank_status.read_failure(rank_status.failure_path(ns.status_dir, rank))
@@ -208,17 +227,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # It had raised and was exiting (code 1) when the launcher, stopping the job because of
         # that very exception, signalled it: the exception is what ended it.
         code, forwarded = 1, None
-    status = rank_status.RankStatus(rank=rank, host=host, pid=child.proc.pid,
-                                    exitcode=code if code >= 0 else None,
-                                    signal=-code if code < 0 else None,
-                                    forwarded=forwarded, time=time.time(),
-                                    mpi=None if relay is None else relay.state(), **failure)
-    if ns.status_dir is not None:
-        _write_status(ns.status_dir, status)
-    driver.ended(status.wrapper_exit_code)
-    if status.failed and not (driver.sock is not None and status.exitcode == worker_env.RESET_EXIT_CODE):
-        print(f"mlslrun: {status.describe()}", file=sys.stderr, flush=True)
-    return status.wrapper_exit_code
+    return rank_status.RankStatus(rank=rank, host=host, pid=child.proc.pid,
+                                  exitcode=code if code >= 0 else None,
+                                  signal=-code if code < 0 else None,
+                                  forwarded=forwarded, time=time.time(),
+                                  mpi=None if relay is None else relay.state(), **failure)
 
 
 if __name__ == "__main__":

@@ -57,6 +57,7 @@ RUNNER_FLOORS = {
     "mlsl_tf.runner.worker_env": 0,   # HOROVOD_RANK, HOROVOD_HOSTNAME, ... of a worker (rank wrapper)
     "mlsl_tf.runner.guard": 0,        # the launcher under a subreaper that leaves no process behind
     "mlsl_tf.runner.hosts": 1,        # -H, hostfiles
+    "mlsl_tf.runner.job_verdicts": 1,  # what the status files say: who failed first, who left early
     "mlsl_tf.runner.rank_env": 1,     # the ranks' environment
     "mlsl_tf.runner.ssh": 1,          # ssh options and the check's verdicts
     "mlsl_tf.runner.child": 1,        # the rank's command as a child process (rank wrapper)
@@ -64,6 +65,7 @@ RUNNER_FLOORS = {
     "mlsl_tf.runner.argv": 2,         # mlslrun's command line
     "mlsl_tf.runner.launchers": 2,    # per-MPI launcher argv
     "mlsl_tf.runner.ssh_check": 2,    # the ssh pre-flight check
+    "mlsl_tf.runner.installed": 3,    # the MPI launcher found, --check-build's report
     "mlsl_tf.runner.elastic_driver": 3,  # elastic mlslrun: generations of workers, the driver's server
     "mlsl_tf.runner.launch": 4,       # mlslrun: runs the job
     "mlsl_tf.runner.task": 3,         # the rank wrapper: puts its floor-0/1 modules together
@@ -77,9 +79,9 @@ LAZY_IMPORTS = {
     ("mlsl_tf.cpu_placement", "mlsl_tf._library"):
         "mlslrun's rank wrapper imports cpu_placement for MLSL_TF_COMM_CORE and loads nothing else of the "
         "package (tests/unit/test_mlslrun.py, TASK_MODULES); only the functions init() calls need the settings",
-    ("mlsl_tf.runner.launch", "mlsl_tf._library"):
+    ("mlsl_tf.runner.installed", "mlsl_tf._library"):
         "--check-build only: mlslrun loads the compiled library only when asked to check it",
-    ("mlsl_tf.runner.launch", "mlsl_tf"):
+    ("mlsl_tf.runner.installed", "mlsl_tf"):
         "--check-build only: the package's version when it is not installed as a distribution",
 }
 
