@@ -21,7 +21,7 @@ _EXPORTS = {
                           "broadcast_object_fn", "broadcast_variables"],
     "mlsl_tf.groups": ["Group", "ProcessSet", "add_process_set", "global_process_set", "init", "process_set_by_id",
                        "process_sets", "remove_process_set"],
-    "mlsl_tf.optimizers": ["DistributedOptimizer"],
+    "mlsl_tf.optimizer.dispatch": ["DistributedOptimizer"],
     "mlsl_tf.tape": ["DistributedGradientTape", "PartialDistributedGradientTape"],
     "mlsl_tf.keras.sync_batch_norm": ["SyncBatchNormalization"],
     "mlsl_tf.ops": ["Adasum", "Average", "Max", "Min", "Product", "Sum", "allgather", "allreduce", "alltoall",

@@ -9,7 +9,7 @@ import re
 import sys
 import time
 
-from mlsl_tf import _library, cores, elastic_link
+from mlsl_tf import _library, cpu_placement, elastic_link
 from mlsl_tf._library import NotInitializedError  # noqa: F401 - part of this module's API
 
 _log = logging.getLogger("mlsl_tf")
@@ -87,11 +87,10 @@ def init(comm=None):
     comm_cores = _comm_cores(config)
     if lib.mlsl_tf_init() != 0:
         raise RuntimeError("mlsl_tf.init() failed: " + _library.last_error())
-    from mlsl_tf import affinity, threads
     _pin_background_thread(lib, comm_cores)
     # Both before TensorFlow starts its pools: it sizes them from the cores a thread may use.
-    affinity.bind(local_rank(), local_size(), config[affinity.SETTING][2], comm_cores)
-    threads.configure()
+    cpu_placement.bind(local_rank(), local_size(), config[cpu_placement.BIND][2], comm_cores)
+    cpu_placement.configure_threads()
     try:
         elastic_link.connect(rank())
     except OSError as e:
@@ -109,24 +108,24 @@ def init(comm=None):
 
 
 def _comm_cores(config):
-    """MLSL_TF_COMM_CORE as a list of cores ([]: not set), or init()'s error for a bad value. mlsl_tf/cores.py
+    """MLSL_TF_COMM_CORE as a list of cores ([]: not set), or init()'s error for a bad value. mlsl_tf/cpu_placement.py
     is the setting's one parser (mlslrun's rank wrapper needs it before the library loads; the library's
     table only documents it and its init() does not check it), so what it allows comes from there too."""
-    setting = config[cores.SETTING]
+    setting = config[cpu_placement.COMM_CORE]
     try:
-        return cores.parse(setting.value)
+        return cpu_placement.parse_comm_cores(setting.value)
     except ValueError:
-        raise RuntimeError(f"mlsl_tf.init() failed: {cores.SETTING}={setting.value} is not valid: expected "
-                           f"{cores.ALLOWED}") from None
+        raise RuntimeError(f"mlsl_tf.init() failed: {cpu_placement.COMM_CORE}={setting.value} is not valid: expected "
+                           f"{cpu_placement.COMM_CORE_ALLOWED}") from None
 
 
 def _pin_background_thread(lib, comm_cores):
     """MLSL_TF_COMM_CORE: the library pins its background thread to this local rank's core."""
-    core = cores.core_for(comm_cores, local_rank())
+    core = cpu_placement.comm_core_for(comm_cores, local_rank())
     if core is None:
         return
     if lib.mlsl_tf_pin_background_thread(core) != 0:
-        _log.warning("mlsl_tf: %s (%s=%s)", _library.last_error(), cores.SETTING, ",".join(map(str, comm_cores)))
+        _log.warning("mlsl_tf: %s (%s=%s)", _library.last_error(), cpu_placement.COMM_CORE, ",".join(map(str, comm_cores)))
 
 
 def set_progress_output(ranks=0):

@@ -192,7 +192,7 @@ def remove_process_set(process_set):
         return False  # as Horovod: never registered, or removed already
     # An id this rank does not know still goes to the core, which refuses it on every rank
     # (ranks that name different sets are refused on every rank too, naming both ids).
-    group_id = _group_id_of(process_set, registered_here=False)
+    group_id = id_of(process_set, registered_here=False)
     if group_id == 0:
         return False
     _check_dynamic("remove_process_set")
@@ -206,7 +206,10 @@ def remove_process_set(process_set):
     return True
 
 
-def _group_id_of(process_set, registered_here=True):
+def id_of(process_set, registered_here=True):
+    """The core's id of `process_set` (a registered ProcessSet, or an id registered on this rank
+    unless registered_here=False); ValueError for anything else. mlsl_tf.ops.group_id_of also
+    takes None (the world)."""
     if isinstance(process_set, ProcessSet):
         if process_set.process_set_id is None:
             raise ValueError(f"{process_set} is not registered (create it with mlsl_tf.Group(ranks) or "
@@ -312,7 +315,7 @@ def grid(model_parallel):
 def data_parallel_group_of(model_parallel_group):
     """The data-parallel group grid() returned together with `model_parallel_group` on this
     rank, or None when that group did not come from grid()."""
-    return _data_parallel_of.get(_group_id_of(model_parallel_group))
+    return _data_parallel_of.get(id_of(model_parallel_group))
 
 
 def check_reduction_group(variables, process_set):
@@ -327,7 +330,7 @@ def check_reduction_group(variables, process_set):
             continue
         if reduce_ranks is None:
             reduce_ranks = set((global_process_set if process_set is None else
-                                process_set_by_id(_group_id_of(process_set))).ranks)
+                                process_set_by_id(id_of(process_set))).ranks)
         shared = sorted(reduce_ranks & set(sharded.ranks))
         if len(shared) > 1:
             name = getattr(v, "path", None) or getattr(v, "name", "?")

@@ -90,7 +90,7 @@ def batch_normalization_base():
 
 
 # ----------------------------------------------------------------------------------------------
-# optimizer internals: DistributedOptimizer (mlsl_tf/optimizer.py)
+# optimizer internals: DistributedOptimizer (mlsl_tf/optimizer/keras3.py)
 
 def trainable_variables(optimizer):
     """The variables the (built) optimizer updates, in the order of its build."""

@@ -5,7 +5,7 @@ import threading
 
 import tensorflow as tf
 
-from mlsl_tf import _library
+from mlsl_tf import _library, groups
 from mlsl_tf.basics import local_rank, local_size, rank, size
 from mlsl_tf.compression import Compression
 
@@ -112,14 +112,12 @@ def group_id_of(process_set):
     """The core's id of `process_set` (a ProcessSet or its id; None: the world, 0)."""
     if process_set is None:
         return 0
-    from mlsl_tf.groups import _group_id_of
-    return _group_id_of(process_set)
+    return groups.id_of(process_set)
 
 
 def _registered(process_set):
     """The registered ProcessSet that `process_set` (a ProcessSet or its id; None: the world) names."""
-    from mlsl_tf.groups import process_set_by_id
-    return process_set_by_id(group_id_of(process_set))
+    return groups.process_set_by_id(group_id_of(process_set))
 
 
 def _group_size(process_set):
@@ -137,8 +135,7 @@ def group_rank_and_size(process_set):
     group_id = group_id_of(process_set)
     if group_id == 0:
         return rank(), size()
-    from mlsl_tf.groups import group_rank_and_size
-    return group_rank_and_size(group_id)
+    return groups.group_rank_and_size(group_id)
 
 
 def _check_feedback_name(compression, name):
@@ -259,8 +256,7 @@ def _root_index(root_rank, group_id):
     root_rank = int(root_rank)
     if group_id == 0:
         return root_rank
-    from mlsl_tf.groups import process_set_by_id
-    ranks = process_set_by_id(group_id).ranks
+    ranks = groups.process_set_by_id(group_id).ranks
     if root_rank not in ranks:
         raise ValueError(f"broadcast: root_rank {root_rank} is not a member of the group {ranks} "
                          "(root_rank is a world rank)")

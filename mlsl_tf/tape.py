@@ -7,7 +7,7 @@ import tensorflow as tf
 from mlsl_tf import ops, overlap
 from mlsl_tf.compression import Compression
 from mlsl_tf.groups import check_reduction_group
-from mlsl_tf.optimizer import ReduceOptions
+from mlsl_tf.optimizer.reduce import ReduceOptions
 
 
 class _DistributedGradientTape:

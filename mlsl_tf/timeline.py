@@ -285,31 +285,11 @@ def format_summary(s):
             f"{s['transfer_busy_ms']:.1f} ms")
 
 
-def draw(trace, path, title=None, order="submit", max_label_rows=60):
-    """Writes a PNG Gantt chart of `trace` (one rank) to `path`."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
-
-    slots = sorted({s.lane for s in trace.chunks()} | {s.lane for s in trace.spans if s.phase == "collective"})
-    rows = tensor_rows(trace, order)
-    row_of = {n: i for i, n in enumerate(rows)}
-    times = [s.start_us for s in trace.spans] + [s.end_us for s in trace.spans] + [i.at_us for i in trace.instants]
-    t0 = min(times) if times else 0.0
-
-    def ms(t):
-        return (t - t0) / 1e3
-
-    n_slot, n_rows = max(1, len(slots)), max(1, len(rows))
-    height = min(40.0, 2.0 + 0.35 * n_slot + 0.085 * n_rows)
-    fig, (ax_s, ax_t) = plt.subplots(2, 1, sharex=True, figsize=(14, height),
-                                     gridspec_kw={"height_ratios": [0.6 + 0.35 * n_slot, 0.5 + 0.085 * n_rows]})
+def _draw_slots(plt, fig, ax_s, trace, slots, ms):
+    """The in-flight slots: chunk bars coloured by priority."""
     cmap = plt.get_cmap("viridis")
     prios = [s.args.get("priority", 0) for s in trace.chunks()]
     pmax = max(max(prios), 1) if prios else 1
-
-    # Slots: chunk bars coloured by priority.
     for s in trace.spans:
         if s.phase not in ("chunk", "collective"):
             continue
@@ -318,14 +298,19 @@ def draw(trace, path, title=None, order="submit", max_label_rows=60):
         ax_s.barh(y, max(s.dur_us / 1e3, 1e-3), left=ms(s.start_us), height=0.8, color=colour,
                   edgecolor="black", linewidth=0.2)
     ax_s.set_yticks(range(len(slots)), slots, fontsize=8)
-    ax_s.set_ylim(-0.6, n_slot - 0.4)
+    ax_s.set_ylim(-0.6, max(1, len(slots)) - 0.4)
     ax_s.invert_yaxis()
     ax_s.set_title("in-flight slots (colour: priority, dark = urgent)", fontsize=9)
     if prios:
         sm = plt.cm.ScalarMappable(cmap=cmap, norm=plt.Normalize(0, pmax))
         fig.colorbar(sm, ax=ax_s, pad=0.01, fraction=0.03).set_label("priority", fontsize=8)
 
-    # Tensors: negotiate / queue / chunks (fused chunks on every member's row) / done.
+
+def _draw_tensors(plt, ax_t, trace, rows, ms, order, max_label_rows):
+    """The tensors: negotiate / queue / chunks (fused chunks on every member's row) / done, and the
+    framework's marks. Returns the marks' legend entries."""
+    row_of = {n: i for i, n in enumerate(rows)}
+    n_rows = max(1, len(rows))
     carried = [(s, [s.name]) for s in trace.spans if s.phase != "chunk"] + chunk_members(trace)
     for s, names in carried:
         for name in names:
@@ -348,7 +333,31 @@ def draw(trace, path, title=None, order="submit", max_label_rows=60):
     ax_t.invert_yaxis()
     ax_t.set_xlabel("ms since the first event")
     ax_t.set_title(f"tensors by {order}" + (f" (one label in {step})" if step > 1 else ""), fontsize=9)
+    return framework
 
+
+def draw(trace, path, title=None, order="submit", max_label_rows=60):
+    """Writes a PNG Gantt chart of `trace` (one rank) to `path`."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.patches import Patch
+
+    slots = sorted({s.lane for s in trace.chunks()} | {s.lane for s in trace.spans if s.phase == "collective"})
+    rows = tensor_rows(trace, order)
+    row_of = {n: i for i, n in enumerate(rows)}
+    times = [s.start_us for s in trace.spans] + [s.end_us for s in trace.spans] + [i.at_us for i in trace.instants]
+    t0 = min(times) if times else 0.0
+
+    def ms(t):
+        return (t - t0) / 1e3
+
+    n_slot, n_rows = max(1, len(slots)), max(1, len(rows))
+    height = min(40.0, 2.0 + 0.35 * n_slot + 0.085 * n_rows)
+    fig, (ax_s, ax_t) = plt.subplots(2, 1, sharex=True, figsize=(14, height),
+                                     gridspec_kw={"height_ratios": [0.6 + 0.35 * n_slot, 0.5 + 0.085 * n_rows]})
+    _draw_slots(plt, fig, ax_s, trace, slots, ms)
+    framework = _draw_tensors(plt, ax_t, trace, rows, ms, order, max_label_rows)
     for p in trace.preemptions():
         for ax in (ax_s, ax_t):
             ax.axvline(ms(p.at_us), color="red", lw=0.6, alpha=0.7, zorder=4)

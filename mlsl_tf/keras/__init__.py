@@ -1,7 +1,8 @@
 """mlsl_tf for Keras 3 and Keras 2 (tf_keras), with horovod.tensorflow.keras' names.
 
 `import mlsl_tf.keras as hvd`: the basic API, DistributedOptimizer, load_model and `callbacks`;
-each takes Keras 3 or tf_keras objects alike (mlsl_tf/keras2_compat.py for the latter).
+each takes Keras 3 or tf_keras objects alike (mlsl_tf/keras2_compat.py and
+mlsl_tf/optimizer/keras2.py for the latter).
 
 Keras' interactive output (the progress bars and epoch lines of fit/evaluate/predict,
 model.summary) is printed by rank 0 only: `init()` here, or importing this module after
@@ -18,8 +19,7 @@ from mlsl_tf.groups import ProcessSet, add_process_set, global_process_set, remo
 from mlsl_tf.keras import callbacks, elastic
 from mlsl_tf.ops import (Adasum, Average, Max, Min, Product, Sum, allgather, allreduce, alltoall, barrier, broadcast,
                          grouped_allreduce, join, reducescatter)
-from mlsl_tf.optimizer import is_distributed
-from mlsl_tf.optimizers import DistributedOptimizer
+from mlsl_tf.optimizer.dispatch import DistributedOptimizer, is_distributed
 from mlsl_tf.tape import DistributedGradientTape
 
 

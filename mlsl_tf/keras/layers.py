@@ -35,8 +35,7 @@ import itertools
 import keras
 import tensorflow as tf
 
-from mlsl_tf import ops
-from mlsl_tf import parallel
+from mlsl_tf import groups, ops, parallel
 from mlsl_tf.groups import replicated_group, sharded_group  # noqa: F401 - part of this module's API
 
 __all__ = ["ColumnParallelDense", "RowParallelDense", "replicated_group", "sharded_group"]
@@ -54,8 +53,7 @@ def _seeded(initializer, seed):
 
 
 def _find_group(ranks):
-    from mlsl_tf.groups import process_sets
-    for group in process_sets():
+    for group in groups.process_sets():
         if group.ranks == list(ranks):
             return group
     raise ValueError(f"no registered group has ranks {list(ranks)}; create it (mlsl_tf.Group) before loading")
@@ -73,8 +71,7 @@ class _ParallelDense(keras.layers.Layer):
         if isinstance(group, (list, tuple)):
             group = _find_group(sorted(group))
         elif isinstance(group, int) and not isinstance(group, bool):
-            from mlsl_tf.groups import process_set_by_id
-            group = process_set_by_id(group)
+            group = groups.process_set_by_id(group)
         self.units = units
         self.group = group
         self.group_rank, self.group_size = ops.group_rank_and_size(group)
@@ -101,8 +98,7 @@ class _ParallelDense(keras.layers.Layer):
         v = self.add_weight(name=name, shape=tuple(shape), initializer=init, regularizer=regularizer,
                             trainable=True)
         if k > 1:
-            from mlsl_tf.groups import global_process_set
-            group = global_process_set if self.group is None else self.group
+            group = groups.global_process_set if self.group is None else self.group
             setattr(v, "_mlsl_replicated_in" if axis is None else "_mlsl_sharded_over", group)
         return v
 

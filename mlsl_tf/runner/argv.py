@@ -60,6 +60,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="show the frameworks, controllers and tensor ops available")
     p.add_argument("--mpi-args", dest="mpi_args", metavar='"ARGS"',
                    help="extra arguments (shell-quoted) appended to the mpiexec/srun command (default: none)")
+    _add_ssh_options(p)
+    _add_elastic_options(p)
+    for flag in ENV_FLAGS:
+        p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help_text)
+    p.add_argument("command", nargs=argparse.REMAINDER,
+                   help="the program every rank runs, e.g. python train.py")
+    return p
+
+
+def _add_ssh_options(p: argparse.ArgumentParser) -> None:
+    """-p, -i, --ssh-check: how mlslrun reaches the hosts of -H / --hostfile."""
     ssh = p.add_argument_group("ssh to the hosts of -H / --hostfile")
     ssh.add_argument("-p", "--ssh-port", dest="ssh_port", type=int, metavar="PORT",
                      help="the port of the ssh server on every host (default: ssh's, 22)")
@@ -69,6 +80,10 @@ def build_parser() -> argparse.ArgumentParser:
                      default=True, help="before launching, ssh to every remote host without "
                      "prompting and check the ranks' interpreter is there; stop with the "
                      "failing hosts and why (default: on)")
+
+
+def _add_elastic_options(p: argparse.ArgumentParser) -> None:
+    """horovodrun's elastic flags (docs/elastic.md)."""
     el = p.add_argument_group("elastic training (horovodrun's flags; docs/elastic.md)")
     el.add_argument("--min-np", "--min-num-proc", dest="min_np", type=int, metavar="N",
                     help="elastic: the fewest workers to train with; fewer fails the job (default: -np)")
@@ -90,11 +105,6 @@ def build_parser() -> argparse.ArgumentParser:
                     help="elastic: the interface(s) whose address the workers reach mlslrun by, comma-separated, "
                     "the first with an IPv4 address used (default: 127.0.0.1 when every host is this machine, "
                     "else the route to the first other host)")
-    for flag in ENV_FLAGS:
-        p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help_text)
-    p.add_argument("command", nargs=argparse.REMAINDER,
-                   help="the program every rank runs, e.g. python train.py")
-    return p
 
 
 def _flag_dest(flag: EnvFlag) -> str:

@@ -392,33 +392,42 @@ class Driver:
                 if self.stopping is not None:
                     _err(f"job stopped: mlslrun received {signal.Signals(self.stopping).name}")
                     return 128 + self.stopping
-                if all(e.code == 0 for e in ends.values()):
-                    return 0
-                failed = sorted({e.host for e in ends.values() if self._is_loss(e) or e.code is None and not e.reset})
-                if all(self._is_loss(e) or e.code is None and not e.reset for e in ends.values()):
-                    first = min(ends.items(), key=lambda item: item[0])
-                    _err(f"job failed: one or more processes exited with non-zero status: every worker of "
-                         f"generation {generation} failed, none is left to carry the job on "
-                         f"({self._describe(*first)})")
-                    return 1
-                for host in failed:
-                    seconds = self.blacklist.fail(host, self._rng.random())
-                    _err(f"elastic: host {host} blacklisted" + ("" if seconds == float("inf") else
-                         f" for {seconds:.1f} s of training"))
-                saved = [(r, e) for r, e in sorted(ends.items()) if e.reset and e.saved]
-                if saved:
-                    resume = saved[0][1].saved
-                previous = [e.host for r, e in sorted(ends.items()) if e.reset and e.host not in failed]
-                if saved:  # rank 0 of the next generation on the host of the commit file
-                    previous = [saved[0][1].host] + [h for h in previous if h != saved[0][1].host]
-                self.resets += 1
-                if self.el.reset_limit is not None and self.resets > self.el.reset_limit:
-                    _err(f"job failed: the job has been reset {self.resets} times, more than --reset-limit "
-                         f"{self.el.reset_limit}")
-                    return 1
+                code, resume, previous = self._after_generation(generation, ends, resume)
+                if code is not None:
+                    return code
         finally:
             self.server.close()
             shutil.rmtree(self.state_dir, ignore_errors=True)
+
+    def _after_generation(self, generation: int, ends: dict, resume):
+        """After generation `generation` ended (`ends`: rank -> how it ended): (the job's exit code,
+        or None to start the next generation; the commit to resume from; the hosts to start it
+        on first). Blacklists the hosts that failed."""
+        if all(e.code == 0 for e in ends.values()):
+            return 0, resume, []
+        failed = sorted({e.host for e in ends.values() if self._is_loss(e) or e.code is None and not e.reset})
+        if all(self._is_loss(e) or e.code is None and not e.reset for e in ends.values()):
+            first = min(ends.items(), key=lambda item: item[0])
+            _err(f"job failed: one or more processes exited with non-zero status: every worker of "
+                 f"generation {generation} failed, none is left to carry the job on "
+                 f"({self._describe(*first)})")
+            return 1, resume, []
+        for host in failed:
+            seconds = self.blacklist.fail(host, self._rng.random())
+            _err(f"elastic: host {host} blacklisted" + ("" if seconds == float("inf") else
+                 f" for {seconds:.1f} s of training"))
+        saved = [(r, e) for r, e in sorted(ends.items()) if e.reset and e.saved]
+        if saved:
+            resume = saved[0][1].saved
+        previous = [e.host for r, e in sorted(ends.items()) if e.reset and e.host not in failed]
+        if saved:  # rank 0 of the next generation on the host of the commit file
+            previous = [saved[0][1].host] + [h for h in previous if h != saved[0][1].host]
+        self.resets += 1
+        if self.el.reset_limit is not None and self.resets > self.el.reset_limit:
+            _err(f"job failed: the job has been reset {self.resets} times, more than --reset-limit "
+                 f"{self.el.reset_limit}")
+            return 1, resume, previous
+        return None, resume, previous
 
     def on_signal(self, signum: int, _frame=None) -> None:
         if self.stopping is None:

@@ -196,7 +196,7 @@ def build_openmpi_argv(plan: LaunchPlan) -> list[str]:
 
     Root may launch (containers, CI), as with horovodrun. --oversubscribe: without -H Open MPI
     allows only one rank per core (hydra has no such limit; with -H the slots are exact
-    anyway). No binding: mlsl_tf's affinity (mlsl_tf/affinity.py) gives each local rank its
+    anyway). No binding: mlsl_tf's affinity (mlsl_tf/cpu_placement.py) gives each local rank its
     block of cores, as under hydra. With hosts, every variable of mlslrun's environment (but
     forwarded_names' exclusions) is passed by name: Open MPI, unlike hydra, gives ranks on other
     hosts only what -x names.

@@ -1,17 +1,17 @@
 """Where a rank runs: its rank and local rank from the launcher's environment, the CPUs its command gets.
 
 The CPUs leave out the communication cores MLSL_TF_COMM_CORE reserves.  Standard library and
-mlsl_tf.cores only: the rank wrapper (task.py) loads it."""
+mlsl_tf.cpu_placement (standard library only when imported): the rank wrapper (task.py) loads it."""
 
 import os
 from typing import Mapping, Optional, Sequence
 
-from mlsl_tf import cores
+from mlsl_tf import cpu_placement
 
 RANK_ENV_VARS = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "SLURM_PROCID", "PMIX_RANK")
 # MPICH/Intel MPI hydra, Open MPI, SLURM: this process's rank among the ranks of its host.
 LOCAL_RANK_ENV_VARS = ("MPI_LOCALRANKID", "OMPI_COMM_WORLD_LOCAL_RANK", "SLURM_LOCALID")
-COMM_CORE_ENV = cores.SETTING
+COMM_CORE_ENV = cpu_placement.COMM_CORE
 
 
 def find_rank(environ: Mapping[str, str]) -> int:
@@ -66,7 +66,7 @@ def affinity_plan(environ: Mapping[str, str], allowed: set[int]) -> tuple[Option
     """What to do for MLSL_TF_COMM_CORE in ``environ``: (CPUs for the command or None, a
     warning or None).  No setting: (None, None)."""
     try:
-        comm_cores = cores.parse(environ.get(COMM_CORE_ENV, ""))
+        comm_cores = cpu_placement.parse_comm_cores(environ.get(COMM_CORE_ENV, ""))
         if not comm_cores:
             return None, None
         local_rank = find_local_rank(environ)
@@ -77,7 +77,7 @@ def affinity_plan(environ: Mapping[str, str], allowed: set[int]) -> tuple[Option
     if local_rank is None:
         return None, (f"{COMM_CORE_ENV} is set but none of {', '.join(LOCAL_RANK_ENV_VARS)} is, so this "
                       "rank's comm core is unknown; the affinity is left as it is")
-    return worker_cpus(allowed, comm_cores, cores.core_for(comm_cores, local_rank))
+    return worker_cpus(allowed, comm_cores, cpu_placement.comm_core_for(comm_cores, local_rank))
 
 
 def allowed_cpus() -> set[int]:

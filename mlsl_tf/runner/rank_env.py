@@ -9,7 +9,7 @@ import math
 import re
 from typing import Callable, Iterable, Mapping, Optional
 
-from mlsl_tf import cores
+from mlsl_tf import cpu_placement
 from mlsl_tf.runner.config import EnvSpec, RunConfig, UsageError
 
 START_TIMEOUT_ENV = "MLSL_TF_START_TIMEOUT"
@@ -67,9 +67,9 @@ def _policy(text: str) -> str:
 
 
 def _core_list(text: str) -> str:
-    if not cores.parse(text):  # ValueError for a bad entry
+    if not cpu_placement.parse_comm_cores(text):  # ValueError for a bad entry
         raise ValueError(f"expected a core number or a comma-separated list of them, got {text!r}")
-    return ",".join(str(c) for c in cores.parse(text))
+    return ",".join(str(c) for c in cpu_placement.parse_comm_cores(text))
 
 
 def _binding(text: str) -> str:

@@ -1,8 +1,8 @@
 """Per-rank wrapper that mlslrun puts in front of the user's command.
 
 Run by file path, ``python .../mlsl_tf/runner/task.py [options] -- cmd...``,
-so it never imports TensorFlow: standard library only, plus mlsl_tf/cores.py (the one parser
-of MLSL_TF_COMM_CORE, itself standard library only; the package's __init__ imports nothing) and
+so it never imports TensorFlow: standard library only, plus mlsl_tf/cpu_placement.py (the one
+parser of MLSL_TF_COMM_CORE, standard library only when imported; the package's __init__ imports nothing) and
 the wrapper's own modules of runner/, each standard library only: placement.py (rank, CPUs),
 rank_status.py (status files), output.py (output copies and tags), pmi_relay.py (the PMI
 connection), child.py (the command's process), worker_env.py (HOROVOD_* variables).  This file
@@ -45,7 +45,7 @@ On every rank it:
   * with MLSL_TF_COMM_CORE set (mlslrun --comm-core), starts the command with a CPU
     affinity that leaves out the communication cores, so TensorFlow's thread pools (sized
     from the affinity mask, inherited by every thread) stay off them.  mlsl_tf's init()
-    still pins the background thread to its core (the same rule, mlsl_tf/cores.py): Linux
+    still pins the background thread to its core (the same rule, mlsl_tf/cpu_placement.py): Linux
     affinity is per thread and may name any core of the cgroup's cpuset, whatever mask the
     thread inherited.
 """
@@ -64,7 +64,7 @@ _STARTED_BY = os.getppid()  # as early as possible: the parent may die while thi
 
 if not __package__:  # run by file path (every rank): the package's parent dir, for mlsl_tf.runner
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-# The wrapper's own modules, standard library only (placement also mlsl_tf.cores): see above.
+# The wrapper's own modules, standard library only (placement also mlsl_tf.cpu_placement): see above.
 from mlsl_tf.runner import child as child_process  # noqa: E402
 from mlsl_tf.runner import output, placement, pmi_relay, rank_status, worker_env  # noqa: E402
 
@@ -163,14 +163,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if lone is not None:
         _warn(f"rank {rank} (host {host}): {lone}")
         return 2
-    output_dir = None
-    if ns.output_filename is not None:
-        output_dir = os.path.join(ns.output_filename, output.rank_dir_name(rank, ns.num_proc))
-        try:
-            os.makedirs(output_dir, exist_ok=True)
-        except OSError as e:  # e.g. a regular file on the path, on this host
-            _warn(f"--output-filename: cannot make {output_dir} on {socket.gethostname()}: {e.strerror}")
-            return 2
+    output_dir = _output_dir(ns, rank)
+    if output_dir is False:
+        return 2
     if ns.status_dir is not None:
         _write_start_marker(ns.status_dir, rank, host)
         os.environ[rank_status.FAILURE_FILE_ENV] = rank_status.failure_path(ns.status_dir, rank)
@@ -204,7 +199,31 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     for sig in child_process.FORWARDED_SIGNALS:
         signal.signal(sig, child.forward)
     threading.Thread(target=child_process.watch_parent, args=(parent, child, _warn), daemon=True).start()
-    code = child.wait()
+    status = _final_status(ns, rank, host, child, child.wait(), relay)
+    if ns.status_dir is not None:
+        _write_status(ns.status_dir, status)
+    driver.ended(status.wrapper_exit_code)
+    if status.failed and not (driver.sock is not None and status.exitcode == worker_env.RESET_EXIT_CODE):
+        print(f"mlslrun: {status.describe()}", file=sys.stderr, flush=True)
+    return status.wrapper_exit_code
+
+
+def _output_dir(ns, rank: int):
+    """This rank's --output-filename directory, made (None without the option), or False when it
+    cannot be made (said on stderr)."""
+    if ns.output_filename is None:
+        return None
+    output_dir = os.path.join(ns.output_filename, output.rank_dir_name(rank, ns.num_proc))
+    try:
+        os.makedirs(output_dir, exist_ok=True)
+    except OSError as e:  # e.g. a regular file on the path, on this host
+        _warn(f"--output-filename: cannot make {output_dir} on {socket.gethostname()}: {e.strerror}")
+        return False
+    return output_dir
+
+
+def _final_status(ns, rank: int, host: str, child, code: int, relay) -> rank_status.RankStatus:
+    """How the command ended (exit code `code`), with the failure it reported, if any."""
     failure = {}
     if ns.status_dir is not None and code != 0:
         failure = rank_status.read_failure(rank_status.failure_path(ns.status_dir, rank))
@@ -214,17 +233,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         # It had raised and was exiting (code 1) when the launcher, stopping the job because of
         # that very exception, signalled it: the exception is what ended it.
         code, forwarded = 1, None
-    status = rank_status.RankStatus(rank=rank, host=host, pid=child.proc.pid,
-                                    exitcode=code if code >= 0 else None,
-                                    signal=-code if code < 0 else None,
-                                    forwarded=forwarded, time=time.time(),
-                                    mpi=None if relay is None else relay.state(), **failure)
-    if ns.status_dir is not None:
-        _write_status(ns.status_dir, status)
-    driver.ended(status.wrapper_exit_code)
-    if status.failed and not (driver.sock is not None and status.exitcode == worker_env.RESET_EXIT_CODE):
-        print(f"mlslrun: {status.describe()}", file=sys.stderr, flush=True)
-    return status.wrapper_exit_code
+    return rank_status.RankStatus(rank=rank, host=host, pid=child.proc.pid,
+                                  exitcode=code if code >= 0 else None,
+                                  signal=-code if code < 0 else None,
+                                  forwarded=forwarded, time=time.time(),
+                                  mpi=None if relay is None else relay.state(), **failure)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 
 import mlsl_tf.keras as hvd
-from mlsl_tf.optimizer import DistributedOptimizer, is_distributed
+from mlsl_tf.optimizer.dispatch import DistributedOptimizer, is_distributed
 from mlsl_tf.tape import DistributedGradientTape
 
 hvd.init()

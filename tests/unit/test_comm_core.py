@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mlsl_tf import cores
+from mlsl_tf import cpu_placement
 from mlsl_tf.runner import placement, task
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -15,33 +15,33 @@ ALLOWED = set(os.sched_getaffinity(0))
 
 
 def test_parse_core_list():
-    assert cores.parse("3") == [3]
-    assert cores.parse("2,3") == [2, 3]
-    assert cores.parse(" 2, 3 ") == [2, 3]
-    assert cores.parse("") == [] and cores.parse("  ") == []
+    assert cpu_placement.parse_comm_cores("3") == [3]
+    assert cpu_placement.parse_comm_cores("2,3") == [2, 3]
+    assert cpu_placement.parse_comm_cores(" 2, 3 ") == [2, 3]
+    assert cpu_placement.parse_comm_cores("") == [] and cpu_placement.parse_comm_cores("  ") == []
     with pytest.raises(ValueError, match="'x' is not a core number"):
-        cores.parse("2,x")
+        cpu_placement.parse_comm_cores("2,x")
     with pytest.raises(ValueError, match="MLSL_TF_COMM_CORE='1,,2'"):
-        cores.parse("1,,2")
+        cpu_placement.parse_comm_cores("1,,2")
     for bad in ("1,", "-1", "+3", "3.0", "\u00b2", "\u0663"):  # not ASCII digits: "²", Arabic "3"
         with pytest.raises(ValueError, match="is not a core number"):
-            cores.parse(bad)
+            cpu_placement.parse_comm_cores(bad)
 
 
 def test_comm_core_for_follows_local_rank_mod_n():
-    assert [cores.core_for([2, 3], r) for r in range(4)] == [2, 3, 2, 3]
-    assert cores.core_for([5], 7) == 5
-    assert cores.core_for([], 0) is None
+    assert [cpu_placement.comm_core_for([2, 3], r) for r in range(4)] == [2, 3, 2, 3]
+    assert cpu_placement.comm_core_for([5], 7) == 5
+    assert cpu_placement.comm_core_for([], 0) is None
 
 
 def test_mlslrun_and_the_rank_wrapper_use_the_one_parser():
     from mlsl_tf.runner import rank_env
-    flag = next(f for f in rank_env.ENV_FLAGS if f.env_var == cores.SETTING)
+    flag = next(f for f in rank_env.ENV_FLAGS if f.env_var == cpu_placement.COMM_CORE)
     assert flag.convert(" 2, 3") == "2,3"
     for bad in ("1,,2", "", "x"):
         with pytest.raises(ValueError):
             flag.convert(bad)
-    assert placement.COMM_CORE_ENV == cores.SETTING
+    assert placement.COMM_CORE_ENV == cpu_placement.COMM_CORE
 
 
 def test_find_local_rank():
@@ -150,11 +150,11 @@ def test_mlslrun_comm_core_end_to_end():
 
 def test_the_librarys_table_documents_what_the_one_parser_allows():
     """The library's table keeps MLSL_TF_COMM_CORE for mlsl_tf.settings() and the README, but
-    only mlsl_tf/cores.py parses it: the words the table shows must be the parser's."""
+    only mlsl_tf/cpu_placement.py parses it: the words the table shows must be the parser's."""
     from mlsl_tf import _library
-    setting = _library.settings()[cores.SETTING]
-    assert setting.allowed == cores.ALLOWED
-    assert cores.parse(setting.default) == []
+    setting = _library.settings()[cpu_placement.COMM_CORE]
+    assert setting.allowed == cpu_placement.COMM_CORE_ALLOWED
+    assert cpu_placement.parse_comm_cores(setting.default) == []
 
 
 BAD_COMM_CORE = """
@@ -180,5 +180,5 @@ def test_a_bad_comm_core_is_an_init_error_on_every_rank():
     r = subprocess.run([mpiexec, "-n", "2", sys.executable, "-c", BAD_COMM_CORE], env=env, capture_output=True,
                        text=True, timeout=220, stdin=subprocess.DEVNULL)
     lines = [line for line in r.stdout.splitlines() if "ERROR" in line]
-    expected = f"INIT-ERROR mlsl_tf.init() failed: MLSL_TF_COMM_CORE=1,one is not valid: expected {cores.ALLOWED}"
+    expected = f"INIT-ERROR mlsl_tf.init() failed: MLSL_TF_COMM_CORE=1,one is not valid: expected {cpu_placement.COMM_CORE_ALLOWED}"
     assert lines == [expected, expected], r.stdout + r.stderr

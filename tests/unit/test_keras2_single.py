@@ -10,6 +10,7 @@ import tf_keras
 
 import mlsl_tf.keras as hvd
 from mlsl_tf import keras2_compat, keras_flavour
+from mlsl_tf.optimizer import keras2
 
 hvd.init()
 
@@ -77,7 +78,7 @@ def test_saved_files_are_read_by_the_keras_that_wrote_them(tmp_path):
 
 
 def test_no_overlap_under_keras2_is_logged_once(caplog):
-    keras2_compat._logged_synchronous.clear()
+    keras2._logged_synchronous.clear()
     with caplog.at_level("INFO", logger="mlsl_tf"):
         hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), cross_iteration=False)
         assert "inside the training step" not in caplog.text

@@ -18,11 +18,11 @@ import time
 import pytest
 
 from mlsl_tf import basics as hvd_basics
-from mlsl_tf.runner import launch, output, placement, pmi_relay, rank_status, task
+from mlsl_tf.runner import installed, job_verdicts, launch, output, placement, pmi_relay, rank_status, task
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMEOUT_S = 120
-needs_mpi = pytest.mark.skipif(launch.find_mpiexec() is None, reason="no mpiexec found")
+needs_mpi = pytest.mark.skipif(installed.find_mpiexec() is None, reason="no mpiexec found")
 
 
 def mlslrun_env(extra_pythonpath=()):
@@ -387,11 +387,11 @@ def test_task_without_rank_env_is_an_error():
 
 # Every rank starts through task.py before its command, so the wrapper must start fast and must never
 # load TensorFlow or mlsl_tf's heavy modules (the loaded library, basics, ops ...).  Of the package it
-# loads exactly: the lazy __init__ (imports nothing), cores.py (the one parser of MLSL_TF_COMM_CORE)
+# loads exactly: the lazy __init__ (imports nothing), cpu_placement.py (the one parser of MLSL_TF_COMM_CORE)
 # and the wrapper's own modules of runner/ -- runner/__init__ (a docstring), placement, rank_status,
 # output, pmi_relay, child -- each standard library only.  Not launch.py, argv.py or the other
 # modules of mlslrun itself, which the wrapper never needs.  A module added here must be as light.
-TASK_MODULES = ["mlsl_tf", "mlsl_tf.cores", "mlsl_tf.runner", "mlsl_tf.runner.child", "mlsl_tf.runner.output",
+TASK_MODULES = ["mlsl_tf", "mlsl_tf.cpu_placement", "mlsl_tf.runner", "mlsl_tf.runner.child", "mlsl_tf.runner.output",
                 "mlsl_tf.runner.placement", "mlsl_tf.runner.pmi_relay", "mlsl_tf.runner.rank_status",
                 "mlsl_tf.runner.worker_env"]
 
@@ -441,18 +441,18 @@ def test_describe():
 
 
 def test_first_failure_prefers_the_cause():
-    assert launch.first_failure([status(0, code=0)]) is None
+    assert job_verdicts.first_failure([status(0, code=0)]) is None
     stopped = status(0, sig=15, forwarded=15, t=1.0)
     cause = status(1, code=3, t=2.0)
-    assert launch.first_failure([stopped, cause]) == cause
-    assert launch.first_failure([status(1, code=2, t=5.0), status(0, code=1, t=4.0)]).rank == 0
+    assert job_verdicts.first_failure([stopped, cause]) == cause
+    assert job_verdicts.first_failure([status(1, code=2, t=5.0), status(0, code=1, t=4.0)]).rank == 0
     # a rank that only reports another rank's end is not the cause, even when it ended first
     hit = status(0, code=1, t=1.0, failed_at=1.0, caused_by_peer=True)
     culprit = status(1, code=1, t=3.0, failed_at=0.5, error="ValueError: x")
-    assert launch.first_failure([hit, culprit]) == culprit
+    assert job_verdicts.first_failure([hit, culprit]) == culprit
     # when the exception was raised counts, not when the process ended
     late_exit = status(1, code=1, t=9.0, failed_at=1.0)
-    assert launch.first_failure([status(0, code=1, t=2.0, failed_at=2.0), late_exit]) == late_exit
+    assert job_verdicts.first_failure([status(0, code=1, t=2.0, failed_at=2.0), late_exit]) == late_exit
 
 
 def test_failure_record_counts_before_the_status(tmp_path):
@@ -461,30 +461,30 @@ def test_failure_record_counts_before_the_status(tmp_path):
         json.dump({"rank": 1, "host": "hx", "pid": 7, "time": 0.0}, f)
     with open(rank_status.failure_path(d, 1), "w") as f:
         json.dump({"time": 5.0, "pid": 8, "error": "ValueError: bad", "caused_by_peer": False}, f)
-    [s] = launch.rank_statuses(d, 2)
+    [s] = job_verdicts.rank_statuses(d, 2)
     assert (s.rank, s.host, s.pid, s.exitcode, s.failed_at, s.caused_by_peer) == (1, "hx", 8, 1, 5.0, False)
     assert s.describe() == "rank 1 (host hx, pid 8) exited with code 1: ValueError: bad"
     assert rank_status.FAILURE_FILE_ENV == hvd_basics.FAILURE_FILE_ENV
 
 
 def test_exit_code_of():
-    assert launch.exit_code_of(0) == 0
-    assert launch.exit_code_of(3) == 3
-    assert launch.exit_code_of(-9) == 137
+    assert job_verdicts.exit_code_of(0) == 0
+    assert job_verdicts.exit_code_of(3) == 3
+    assert job_verdicts.exit_code_of(-9) == 137
 
 
 def test_format_ranks():
-    assert launch.format_ranks([3]) == "rank 3"
-    assert launch.format_ranks([2, 1]) == "ranks 1, 2"
+    assert job_verdicts.format_ranks([3]) == "rank 3"
+    assert job_verdicts.format_ranks([2, 1]) == "ranks 1, 2"
 
 
 def test_check_build_text():
-    text = launch.check_build_text(False, "ImportError: no op library", True, "0.1")
+    text = installed.check_build_text(False, "ImportError: no op library", True, "0.1")
     assert text.startswith("mlsl_tf v0.1:\n")
     assert "[ ] TensorFlow  (ImportError: no op library)" in text
     controllers, operations = text.split("Available Tensor Operations:")
     assert "[X] MPI" in controllers and "[ ] MPI" in operations  # no op library: no MPI operations
-    loaded = launch.check_build_text(True, "", False, "0.1")
+    loaded = installed.check_build_text(True, "", False, "0.1")
     assert "[X] TensorFlow\n" in loaded
     controllers, operations = loaded.split("Available Tensor Operations:")
     assert "[ ] MPI" in controllers and "[X] MPI" in operations
@@ -496,9 +496,9 @@ def test_find_mpiexec_prefers_the_python_sibling(tmp_path):
     fake = bin_dir / "mpiexec"
     fake.write_text("#!/bin/sh\n")
     fake.chmod(0o755)
-    assert launch.find_mpiexec(str(bin_dir / "python"), path="") == str(fake)
-    assert launch.find_mpiexec(str(tmp_path / "python"), path=str(bin_dir)) == str(fake)
-    assert launch.find_mpiexec(str(tmp_path / "python"), path="", build_info=str(tmp_path / "none.json")) is None
+    assert installed.find_mpiexec(str(bin_dir / "python"), path="") == str(fake)
+    assert installed.find_mpiexec(str(tmp_path / "python"), path=str(bin_dir)) == str(fake)
+    assert installed.find_mpiexec(str(tmp_path / "python"), path="", build_info=str(tmp_path / "none.json")) is None
 
 
 def test_find_mpiexec_then_the_mpi_the_package_was_built_with(tmp_path):
@@ -512,17 +512,17 @@ def test_find_mpiexec_then_the_mpi_the_package_was_built_with(tmp_path):
     info = tmp_path / "_build.json"
     info.write_text(json.dumps({"mpicxx": str(built / "mpicxx"), "mpiexec": str(built / "mpiexec")}))
     python = str(tmp_path / "venv" / "bin" / "python")
-    assert launch.find_mpiexec(python, path=str(on_path), build_info=str(info)) == str(built / "mpiexec")
+    assert installed.find_mpiexec(python, path=str(on_path), build_info=str(info)) == str(built / "mpiexec")
     (built / "mpiexec").unlink()  # that MPI is gone: PATH's
-    assert launch.find_mpiexec(python, path=str(on_path), build_info=str(info)) == str(on_path / "mpiexec")
+    assert installed.find_mpiexec(python, path=str(on_path), build_info=str(info)) == str(on_path / "mpiexec")
     info.write_text("not json")
-    assert launch.find_mpiexec(python, path="", build_info=str(info)) is None
+    assert installed.find_mpiexec(python, path="", build_info=str(info)) is None
 
 
 @needs_mpi
 def test_found_mpiexec_is_recognised():
     from mlsl_tf.runner import launchers
-    text = launch.mpi_version_text(launch.find_mpiexec())
+    text = installed.mpi_version_text(installed.find_mpiexec())
     assert launchers.detect_flavour(text) in ("mpich", "openmpi", "intel")
 
 
@@ -737,10 +737,10 @@ def test_batch_lines_keeps_lines_whole():
 
 def test_early_leaver():
     left = status(1, code=0, t=1.0)
-    assert launch.early_leaver([left], 2) == left  # rank 0 never reported: it was still running
-    assert launch.early_leaver([status(0, code=0, t=5.0), left], 2) == left
-    assert launch.early_leaver([status(0, code=0, t=1.0), status(1, code=0, t=1.0)], 2) is None
-    assert launch.early_leaver([status(0, code=1, t=0.5)], 2) is None
+    assert job_verdicts.early_leaver([left], 2) == left  # rank 0 never reported: it was still running
+    assert job_verdicts.early_leaver([status(0, code=0, t=5.0), left], 2) == left
+    assert job_verdicts.early_leaver([status(0, code=0, t=1.0), status(1, code=0, t=1.0)], 2) is None
+    assert job_verdicts.early_leaver([status(0, code=1, t=0.5)], 2) is None
 
 
 def test_graph_execution_error_keeps_the_op_message():
@@ -758,14 +758,14 @@ def test_blame_names_the_rank_that_shut_down(tmp_path):
         json.dump({"rank": 1, "host": "hx", "pid": 7, "time": 0.0}, f)
     error = "AbortedError: mlsl_tf: rank 1 shut down, so collectives can no longer complete"
     hit = status(0, code=1, t=2.0, failed_at=1.0, caused_by_peer=True, error=error)
-    assert launch.shut_down_peer(hit) == 1
-    assert launch.blame(hit, d).startswith("rank 1 (host hx) left first: it shut mlsl_tf down")
-    assert launch.blame(hit, d).endswith(hit.describe())
+    assert job_verdicts.shut_down_peer(hit) == 1
+    assert job_verdicts.blame(hit, d).startswith("rank 1 (host hx) left first: it shut mlsl_tf down")
+    assert job_verdicts.blame(hit, d).endswith(hit.describe())
     several = status(0, code=1, t=2.0, failed_at=1.0, caused_by_peer=True,
                      error="AbortedError: mlsl_tf: ranks 2, 3 shut down, so collectives can no longer complete")
-    assert launch.shut_down_peer(several) == 2
+    assert job_verdicts.shut_down_peer(several) == 2
     own = status(0, code=1, t=2.0, failed_at=1.0, error="ValueError: rank 1 shut down the party")
-    assert launch.shut_down_peer(own) is None and launch.blame(own, d) == own.describe()
+    assert job_verdicts.shut_down_peer(own) is None and job_verdicts.blame(own, d) == own.describe()
 
 
 def test_far_more_ranks_than_cores_needs_oversubscribe(capsys):

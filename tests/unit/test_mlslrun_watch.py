@@ -15,7 +15,7 @@ import time
 
 import pytest
 
-from mlsl_tf.runner import launch, placement, pmi_relay, rank_status, task
+from mlsl_tf.runner import job_verdicts, launch, placement, pmi_relay, rank_status, task
 
 TIMEOUT_S = 120
 
@@ -54,34 +54,34 @@ def test_pmi_commands_rejects_other_bytes():
 
 def test_unfinalized_leaver():
     left = status(1, t=10.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
-    assert launch.unfinalized_leaver([left], 2, now=13.0, grace=3.0) == left
-    assert launch.unfinalized_leaver([left], 2, now=12.9, grace=3.0) is None  # the launcher's turn still
-    assert launch.unfinalized_leaver([left, status(0, t=11.0)], 2, now=20.0) is None  # every rank ended
+    assert job_verdicts.unfinalized_leaver([left], 2, now=13.0, grace=3.0) == left
+    assert job_verdicts.unfinalized_leaver([left], 2, now=12.9, grace=3.0) is None  # the launcher's turn still
+    assert job_verdicts.unfinalized_leaver([left, status(0, t=11.0)], 2, now=20.0) is None  # every rank ended
     for mpi in (pmi_relay.MPI_FINALIZED, pmi_relay.MPI_UNUSED, None):  # left as it may, or not seen
-        assert launch.unfinalized_leaver([status(1, t=10.0, mpi=mpi)], 2, now=20.0) is None
+        assert job_verdicts.unfinalized_leaver([status(1, t=10.0, mpi=mpi)], 2, now=20.0) is None
     failed = rank_status.RankStatus(1, "h", 101, 3, None, None, 10.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
-    assert launch.unfinalized_leaver([failed], 2, now=20.0) is None  # a failure, handled as one
+    assert job_verdicts.unfinalized_leaver([failed], 2, now=20.0) is None  # a failure, handled as one
     first = status(2, t=9.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
-    assert launch.unfinalized_leaver([left, first], 4, now=20.0) == first
+    assert job_verdicts.unfinalized_leaver([left, first], 4, now=20.0) == first
 
 
 def test_early_leaver_is_not_a_rank_that_finalized():
     finalized = status(1, t=1.0, mpi=pmi_relay.MPI_FINALIZED)
     culprit = status(2, t=2.0, mpi=pmi_relay.MPI_NOT_FINALIZED)
-    assert launch.early_leaver([finalized, culprit], 3) == culprit
-    assert launch.early_leaver([finalized], 2) is None
-    assert launch.early_leaver([status(1, t=1.0, mpi=pmi_relay.MPI_UNUSED)], 2) is None
-    assert launch.still_running([finalized, culprit, status(0, t=5.0)], 4, culprit) == [0, 3]
+    assert job_verdicts.early_leaver([finalized, culprit], 3) == culprit
+    assert job_verdicts.early_leaver([finalized], 2) is None
+    assert job_verdicts.early_leaver([status(1, t=1.0, mpi=pmi_relay.MPI_UNUSED)], 2) is None
+    assert job_verdicts.still_running([finalized, culprit, status(0, t=5.0)], 4, culprit) == [0, 3]
 
 
 def test_the_rank_that_left_is_blamed_for_the_launchers_stop():
     # Open MPI's mpirun stops the other ranks (SIGTERM) when one leaves without finalizing
     left = status(1, t=1.0)
     stopped = status(0, sig=15, forwarded=15, t=2.0)
-    assert launch.left_before_the_stop([left, stopped], 2) == left
-    assert launch.left_before_the_stop([left], 2) is None  # nothing failed
-    assert launch.left_before_the_stop([left, stopped, status(2, code=3, t=1.5)], 3) is None  # a real failure
-    assert launch.left_before_the_stop([status(1, t=1.0, mpi=pmi_relay.MPI_FINALIZED), stopped], 2) is None
+    assert job_verdicts.left_before_the_stop([left, stopped], 2) == left
+    assert job_verdicts.left_before_the_stop([left], 2) is None  # nothing failed
+    assert job_verdicts.left_before_the_stop([left, stopped, status(2, code=3, t=1.5)], 3) is None  # a real failure
+    assert job_verdicts.left_before_the_stop([status(1, t=1.0, mpi=pmi_relay.MPI_FINALIZED), stopped], 2) is None
 
 
 def test_status_files_without_mpi_still_read(tmp_path):

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mlsl_tf.runner import launch
+from mlsl_tf.runner import installed, launch
 from mlsl_tf.runner.argv import parse_args
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -22,21 +22,21 @@ def fake_launcher(path, version_line):
 
 
 def test_chosen_mpiexec_unset_or_empty_is_none():
-    assert launch.chosen_mpiexec({}) is None
-    assert launch.chosen_mpiexec({launch.MPIEXEC_ENV: ""}) is None
+    assert installed.chosen_mpiexec({}) is None
+    assert installed.chosen_mpiexec({installed.MPIEXEC_ENV: ""}) is None
 
 
 def test_chosen_mpiexec_by_name_on_path_and_by_path(tmp_path):
     fake = fake_launcher(tmp_path / "mpirun.openmpi", "mpirun.openmpi (OpenRTE) 4.1.4")
-    assert launch.chosen_mpiexec({launch.MPIEXEC_ENV: "mpirun.openmpi"}, path=str(tmp_path)) == str(fake)
-    assert launch.chosen_mpiexec({launch.MPIEXEC_ENV: str(fake)}, path="") == str(fake)
+    assert installed.chosen_mpiexec({installed.MPIEXEC_ENV: "mpirun.openmpi"}, path=str(tmp_path)) == str(fake)
+    assert installed.chosen_mpiexec({installed.MPIEXEC_ENV: str(fake)}, path="") == str(fake)
 
 
 def test_chosen_mpiexec_missing_is_an_error_naming_it(tmp_path):
     with pytest.raises(RuntimeError, match=r"MLSL_TF_MPIEXEC=mpirun.nothere: no such executable on PATH"):
-        launch.chosen_mpiexec({launch.MPIEXEC_ENV: "mpirun.nothere"}, path=str(tmp_path))
+        installed.chosen_mpiexec({installed.MPIEXEC_ENV: "mpirun.nothere"}, path=str(tmp_path))
     with pytest.raises(RuntimeError, match=r"MLSL_TF_MPIEXEC=/no/such/mpirun: no such executable\Z"):
-        launch.chosen_mpiexec({launch.MPIEXEC_ENV: "/no/such/mpirun"}, path=str(tmp_path))
+        installed.chosen_mpiexec({installed.MPIEXEC_ENV: "/no/such/mpirun"}, path=str(tmp_path))
 
 
 def test_plan_uses_the_chosen_open_mpi_launcher_as_given(tmp_path):
@@ -45,7 +45,7 @@ def test_plan_uses_the_chosen_open_mpi_launcher_as_given(tmp_path):
     chosen = fake_launcher(tmp_path / "mpirun.openmpi", "mpirun.openmpi (OpenRTE) 4.1.4")
     fake_launcher(tmp_path / "mpirun", "HYDRA build details:")
     cfg = parse_args(["-np", "2", "python", "t.py"])
-    environ = {launch.MPIEXEC_ENV: "mpirun.openmpi", "PATH": str(tmp_path)}
+    environ = {installed.MPIEXEC_ENV: "mpirun.openmpi", "PATH": str(tmp_path)}
     flavour, argv = launch.plan_argv(cfg, environ, str(tmp_path / "status"))
     assert flavour == "openmpi"
     assert argv[:4] == [str(chosen), "--allow-run-as-root", "-np", "2"]
@@ -55,7 +55,7 @@ def test_plan_uses_the_chosen_open_mpi_launcher_as_given(tmp_path):
 def test_plan_with_a_chosen_mpich_launcher(tmp_path):
     chosen = fake_launcher(tmp_path / "mpiexec.mpich", "HYDRA build details:\n    Version: 4.0")
     cfg = parse_args(["-np", "3", "python"])
-    flavour, argv = launch.plan_argv(cfg, {launch.MPIEXEC_ENV: str(chosen)}, str(tmp_path))
+    flavour, argv = launch.plan_argv(cfg, {installed.MPIEXEC_ENV: str(chosen)}, str(tmp_path))
     assert flavour == "mpich"
     assert argv[:3] == [str(chosen), "-n", "3"]
 
@@ -63,7 +63,7 @@ def test_plan_with_a_chosen_mpich_launcher(tmp_path):
 def test_plan_with_a_missing_chosen_launcher_fails_naming_it(tmp_path):
     cfg = parse_args(["-np", "2", "python"])
     with pytest.raises(RuntimeError, match="MLSL_TF_MPIEXEC=mpirun.gone: no such executable"):
-        launch.plan_argv(cfg, {launch.MPIEXEC_ENV: "mpirun.gone", "PATH": str(tmp_path)}, str(tmp_path))
+        launch.plan_argv(cfg, {installed.MPIEXEC_ENV: "mpirun.gone", "PATH": str(tmp_path)}, str(tmp_path))
 
 
 def run_python(code, **env):

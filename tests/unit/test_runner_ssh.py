@@ -12,7 +12,7 @@ import textwrap
 
 import pytest
 
-from mlsl_tf.runner import launch, ssh, ssh_check
+from mlsl_tf.runner import installed, launch, ssh, ssh_check
 from mlsl_tf.runner.argv import build_parser, parse_args
 from mlsl_tf.runner.config import UsageError
 from mlsl_tf.runner.launchers import build_launch_argv, make_plan, needs_ssh_exec, rank_command
@@ -198,7 +198,7 @@ def test_check_hosts_lists_every_failing_host_in_order(fake_ssh):
 
 
 def test_mlslrun_stops_before_launching_and_names_the_hosts(capsys, fake_ssh):
-    if launch.find_mpiexec() is None:
+    if installed.find_mpiexec() is None:
         pytest.fail("no mpiexec next to this Python or on PATH: mlslrun's tests need one")
     code = launch.main(["-np", "3", "-H", "localhost:1,down-a:1,nokey-b:1", "-p", "2222", "python", "t.py"])
     err = capsys.readouterr().err

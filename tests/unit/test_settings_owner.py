@@ -24,19 +24,19 @@ _MEANS = ("Python gives it its meaning (the core has no use for it) from the val
           "gets with the table, which init() checked first")
 # (file under mlsl_tf/, setting) -> why that file may name a setting of the library's table.
 PYTHON_NAMES = {
-    ("cores.py", "MLSL_TF_COMM_CORE"): "its one parser: mlslrun's rank wrapper needs it before the library "
+    ("cpu_placement.py", "MLSL_TF_COMM_CORE"): "its one parser: mlslrun's rank wrapper needs it before the library "
                                        "loads, and init() hands the library a core number; the library's "
                                        "table keeps the entry (kPython) only for the docs and defaults",
-    ("affinity.py", "MLSL_TF_BIND"): _MEANS,
-    ("threads.py", "MLSL_TF_INTER_OP_THREADS"): _MEANS,
-    ("threads.py", "MLSL_TF_THREAD_SPINNING"): _MEANS,
+    ("cpu_placement.py", "MLSL_TF_BIND"): _MEANS,
+    ("cpu_placement.py", "MLSL_TF_INTER_OP_THREADS"): _MEANS,
+    ("cpu_placement.py", "MLSL_TF_THREAD_SPINNING"): _MEANS,
     ("overlap.py", "MLSL_TF_CROSS_ITERATION"): _MEANS,
     ("groups.py", "MLSL_TF_DYNAMIC_PROCESS_SETS"): _MEANS,
     ("runner/rank_env.py", "MLSL_TF_FUSION_THRESHOLD"): _SETS,
     ("runner/rank_env.py", "MLSL_TF_CHUNK_BYTES"): _SETS,
     ("runner/rank_env.py", "MLSL_TF_INFLIGHT"): _SETS,
     ("runner/rank_env.py", "MLSL_TF_PRIORITY"): _SETS,
-    ("runner/rank_env.py", "MLSL_TF_COMM_CORE"): _SETS + " (through mlsl_tf/cores.py)",
+    ("runner/rank_env.py", "MLSL_TF_COMM_CORE"): _SETS + " (through mlsl_tf/cpu_placement.py)",
     ("runner/rank_env.py", "MLSL_TF_BIND"): _SETS,
     ("runner/rank_env.py", "MLSL_TF_TIMELINE"): _SETS,
     ("runner/rank_env.py", "MLSL_TF_START_TIMEOUT"): _SETS,

@@ -1,4 +1,4 @@
-"""The inter-op pool that init() sets for several ranks per machine (mlsl_tf/threads.py)."""
+"""The inter-op pool that init() sets for several ranks per machine (mlsl_tf/cpu_placement.py)."""
 
 import concurrent.futures
 import os
@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from mlsl_tf import threads
+from mlsl_tf import cpu_placement
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 
@@ -16,13 +16,13 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
     ("auto", 2), ("", 2), ("tf", None), ("TF", None), ("3", 3), (" 1 ", 1),
 ])
 def test_inter_op_threads(spec, want):
-    assert threads.inter_op_threads(spec) == want
+    assert cpu_placement.inter_op_threads(spec) == want
 
 
 @pytest.mark.parametrize("spec", ["0", "-2", "many", "1.5"])
 def test_bad_setting_names_the_variable(spec):
     with pytest.raises(ValueError, match="MLSL_TF_INTER_OP_THREADS"):
-        threads.inter_op_threads(spec)
+        cpu_placement.inter_op_threads(spec)
 
 
 def after_init(env_extra, before_init=""):
@@ -72,12 +72,12 @@ def test_init_sets_the_pool_and_respects_the_user(inits):
 
 @pytest.mark.parametrize("spec,want", [("0", False), ("", False), ("off", False), ("1", True), (" On ", True)])
 def test_spinning_setting(spec, want):
-    assert threads.spinning(spec) is want
+    assert cpu_placement.spinning(spec) is want
 
 
 def test_bad_spinning_setting_names_the_variable():
     with pytest.raises(ValueError, match="MLSL_TF_THREAD_SPINNING"):
-        threads.spinning("sometimes")
+        cpu_placement.spinning("sometimes")
 
 
 def test_init_stops_spinning_unless_asked(inits):

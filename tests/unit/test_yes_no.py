@@ -1,9 +1,9 @@
-"""_library.yes_no, the one reader of a yes/no setting's words (threads.py, overlap.py and groups.py
+"""_library.yes_no, the one reader of a yes/no setting's words (cpu_placement.py, overlap.py and groups.py
 use it), and its words against the library's table, which init() checks values with."""
 
 import pytest
 
-from mlsl_tf import _library, groups, overlap, threads
+from mlsl_tf import _library, cpu_placement, groups, overlap
 
 
 @pytest.mark.parametrize("value", ["1", "true", "on", "yes", "TRUE", " On ", "Yes\n"])
@@ -29,13 +29,13 @@ def test_the_words_are_the_library_tables():
     words = set(_library.YES_WORDS + _library.NO_WORDS)
     yes_no_settings = {name for name, s in _library.settings().items()
                        if s.allowed.startswith("one of ") and set(s.allowed[7:].split(", ")) == words}
-    assert {threads.SPINNING, overlap.SETTING, "MLSL_TF_DYNAMIC_PROCESS_SETS"} <= yes_no_settings
+    assert {cpu_placement.SPINNING, overlap.SETTING, "MLSL_TF_DYNAMIC_PROCESS_SETS"} <= yes_no_settings
 
 
 def test_the_three_readers_use_it(monkeypatch):
-    assert threads.spinning("YES") is True and threads.spinning(None) is False
+    assert cpu_placement.spinning("YES") is True and cpu_placement.spinning(None) is False
     with pytest.raises(ValueError, match=r"MLSL_TF_THREAD_SPINNING='sometimes': expected 1 \(TensorFlow"):
-        threads.spinning("sometimes")
+        cpu_placement.spinning("sometimes")
     monkeypatch.setenv(overlap.SETTING, "Off")
     assert overlap.enabled() is False
     monkeypatch.setenv(overlap.SETTING, "maybe")

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 from mlsl_tf import ops
 from mlsl_tf.compression import Compression
-from mlsl_tf.optimizer import ReduceOptions
+from mlsl_tf.optimizer.reduce import ReduceOptions
 
 
 class DistributedOptimizerV1(tf.compat.v1.train.Optimizer):
