@@ -77,6 +77,14 @@ OperationFacts FactsOf(const RequestMeta& m) {
   return f;
 }
 
+OperationFacts FactsOf(const RequestMeta& m, int64_t bytes, bool one_host, int64_t ring_bytes) {
+  OperationFacts f = FactsOf(m);
+  f.bytes = bytes;
+  f.one_host = one_host;
+  f.ring_bytes = ring_bytes;
+  return f;
+}
+
 Way ChooseRequest(const OperationFacts& f) { return First(RequestOperations(), f); }
 Way ChooseChunk(const OperationFacts& f) { return First(ChunkOperations(), f); }
 

@@ -57,6 +57,8 @@ struct Operation {
 // The request's part of the facts (bytes: the whole request's); the caller adds the transport's.
 struct RequestMeta;
 OperationFacts FactsOf(const RequestMeta& m);
+// The facts of `bytes` of m (a chunk) on a transport: all members on one host or not.
+OperationFacts FactsOf(const RequestMeta& m, int64_t bytes, bool one_host, int64_t ring_bytes);
 
 // The tables, in order: a whole request's, and one chunk's.
 const std::vector<Operation>& RequestOperations();

@@ -57,7 +57,7 @@ class Runtime {
   void StopTimeline();
 
   // Pins the background thread to CPU `core` (MLSL_TF_COMM_CORE, which Python parses and
-  // resolves for this local rank: mlsl_tf/cores.py).
+  // resolves for this local rank: mlsl_tf/cpu_placement.py).
   Status PinBackgroundThread(int core);
 
   int rank() const { return rank_; }

@@ -37,11 +37,10 @@ void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finis
   w->meta = meta;
   w->order = order_++;
   // An eager allreduce that missed its ride (not ready on every rank in time) runs as chunks.
-  w->way = ChooseRequest(Facts(meta, Elements(meta) * int64_t(DataTypeSize(meta.dtype))));
+  w->way = ChooseRequest(FactsOf(meta));
   w->chunked = w->way == Way::kChunks || w->way == Way::kEager;
   w->total = Elements(meta);
-  w->piecewise = !w->chunked;
-  Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
+    Part p{id, meta.name, request, std::move(finish), 0, w->total, {}, submitted, Now()};
   if (request && timeline_->enabled()) {
     timeline_->Span(meta.name, "negotiate", "negotiation", submitted, p.agreed);
     timeline_->HorovodNegotiation(meta.name, OpTypeName(meta.op), submitted, p.agreed);
@@ -169,7 +168,7 @@ void Scheduler::StartChunk(Work* w) {
   // Each in-flight slot has its own communicator (slot_set.h).
   const int slot_index = int(unit->seq % uint64_t(options_.inflight));
   Communicator* slot = slots_.Get(slot_index);
-  const Way way = ChooseChunk(Facts(w->meta, n * int64_t(esize)));
+  const Way way = ChooseChunk(FactsOf(w->meta, n * int64_t(esize), options_.one_host, options_.ring_bytes));
   stats_->Ran(WayName(way));
   if (way == Way::kWireAllreduce) {
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
@@ -206,7 +205,7 @@ void Scheduler::StartChunk(Work* w) {
 size_t Scheduler::Startable(const std::vector<bool>& joined, uint64_t common_done) {
   for (size_t i = 0; i < queue_.size();) {
     Work* w = queue_[i].get();
-    if (!w->piecewise) return i;
+    if (w->chunked) return i;
     if (!w->algo) {
       Part& p = w->parts[0];
       int64_t piece = std::max<int64_t>(1, std::min(options_.chunk_bytes, comm_->max_message_bytes()));
@@ -304,7 +303,7 @@ void Scheduler::StartUnits(uint64_t limit, const std::vector<bool>& joined, uint
       }
     }
     last_started_ = head;
-    if (head->piecewise) {
+    if (!head->chunked) {
       StartPiece(at);
       continue;
     }
@@ -382,14 +381,6 @@ void Scheduler::Broke(size_t i, const Status& s) {
   FailHere(*inflight_[i]->work, s);
   broken_.push_back(std::move(inflight_[i]));
   inflight_.erase(inflight_.begin() + i);
-}
-
-OperationFacts Scheduler::Facts(const RequestMeta& m, int64_t bytes) const {
-  OperationFacts f = FactsOf(m);
-  f.bytes = bytes;
-  f.one_host = options_.one_host;
-  f.ring_bytes = options_.ring_bytes;
-  return f;
 }
 
 double Scheduler::PostFactor(const Work& w) const {

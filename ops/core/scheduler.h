@@ -139,8 +139,6 @@ class Scheduler {
   static Status LocalFailure(const Status& s);
   // StartUpTo's loop.
   void StartUnits(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done);
-  // The facts the operation tables (operations.h) choose by, for `bytes` of m.
-  OperationFacts Facts(const RequestMeta& m, int64_t bytes) const;
   // What the result of w is multiplied by: postscale, and 1/size for an average.
   double PostFactor(const Work& w) const;
 

@@ -29,7 +29,7 @@ struct Scheduler::Work {
   Way way;  // how it runs (operations.h): chunks, or an algorithm in pieces
   uint64_t order;  // fifo key
   std::vector<Part> parts;
-  bool chunked = false;
+  bool chunked = false;  // an allreduce in chunks; else an algorithm in pieces, made on first start
   bool prepared = false;
   char* buf = nullptr;
   const char* src = nullptr;  // direct work without prescaling: the chunks read the input here
@@ -38,8 +38,6 @@ struct Scheduler::Work {
   int64_t total = 0, next = 0;  // elements
   int outstanding = 0, chunks = 0;
   Clock::time_point first_start;
-  // Cut in pieces (every collective but a chunked allreduce): the algorithm is made on first start.
-  bool piecewise = false;
   std::unique_ptr<Algorithm> algo;
   uint64_t sync_seq = 0;  // with `synced` false: the unit that must complete everywhere first
   bool synced = true;

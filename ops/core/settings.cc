@@ -56,13 +56,13 @@ constexpr SettingInfo kTable[] = {
    "wire type of float32 allreduces/reducescatters without an explicit compression",
    T::kChoice, 0, 0, "float32|bfloat16|float16|fp32|bf16|fp16|none", true},
   // init() hands the library this local rank's core (mlsl_tf_pin_background_thread); the
-  // allowed words are mlsl_tf/cores.py's ALLOWED (tests/unit/test_comm_core.py compares them).
+  // allowed words are mlsl_tf/cpu_placement.py's COMM_CORE_ALLOWED (tests/unit/test_comm_core.py compares them).
   {"MLSL_TF_COMM_CORE", "",
    "pin the background thread to this core; a list 'a,b' gives local rank i the (i mod n)-th core", T::kPython,
    0, 0, "empty, or a core number or a comma-separated list of them (e.g. 3 or 2,3)"},
   {"MLSL_TF_BIND", "auto",
    "'auto': init() binds each rank's threads to its own block of the machine's physical cores when the launcher "
-   "did not bind it and every local rank can have a whole core (see mlsl_tf/affinity.py); 'none': leave them",
+   "did not bind it and every local rank can have a whole core (see mlsl_tf/cpu_placement.py); 'none': leave them",
    T::kChoice, 0, 0, "auto|none"},
   {"MLSL_TF_COMM_NICE", "0",
    "nice value of the background thread (negative: it preempts compute threads when the network wakes it; "

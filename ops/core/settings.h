@@ -15,7 +15,7 @@ enum class SettingType {
   kInt,       // an integer in [min, max]; "" allowed when the default is ""
   kBytes,     // a size: a number with an optional unit (B, KB, KiB, MB, MiB, GB, GiB) in [min, max]
   kChoice,    // one of `choices` ("a|b|c")
-  kPython,    // parsed by Python, never by the library (MLSL_TF_COMM_CORE: mlsl_tf/cores.py, which
+  kPython,    // parsed by Python, never by the library (MLSL_TF_COMM_CORE: mlsl_tf/cpu_placement.py, which
               // mlslrun needs before the library loads); the entry gives mlsl_tf.settings() and the
               // README its default and doc, and `choices` says in words what Python allows
   kThreads,   // one of `choices` or an integer in [min, max]

@@ -130,3 +130,30 @@ def test_bool_or_and(n):
     got_and = hvd.allreduce(flags, op=hvd.Min, name=f"ring.and.{n}")
     np.testing.assert_array_equal(got_or.numpy(), every.any(0))
     np.testing.assert_array_equal(got_and.numpy(), every.all(0))
+
+
+def _ran(way):
+    return hvd.stats()["ways"].get(way, 0)
+
+
+def test_the_ways_that_ran_are_the_operation_tables_choice():
+    """Every rank on this machine: a chunk of at least MLSL_TF_RING_BYTES runs as the ring, a
+    smaller one as MPI's allreduce with the core's kernels, never with MPI's own operation (the
+    operation tables, ops/core/operations.h; the C++ tests hold the fake transport and the
+    simulator to the same tables)."""
+    x = tf.fill([16384], float(R))  # 64 KiB: not eager
+    ring, chunks = _ran("ring_allreduce"), _ran("chunks")
+    out = hvd.allreduce(x, op=hvd.Sum, name="ways.ring")
+    assert (_ran("ring_allreduce") - ring, _ran("chunks") - chunks) == (1, 1)
+    np.testing.assert_array_equal(out.numpy(), np.full(16384, N * (N - 1) / 2))
+    os.environ["MLSL_TF_RING_BYTES"] = str(16384 * 4 + 1)
+    hvd.shutdown()
+    hvd.init()
+    try:
+        out = hvd.allreduce(x, op=hvd.Sum, name="ways.kernel")
+        assert (_ran("kernel_allreduce"), _ran("ring_allreduce"), _ran("native_allreduce")) == (1, 0, 0)
+        np.testing.assert_array_equal(out.numpy(), np.full(16384, N * (N - 1) / 2))
+    finally:
+        os.environ["MLSL_TF_RING_BYTES"] = "1"
+        hvd.shutdown()
+        hvd.init()

@@ -55,7 +55,7 @@ def measure(text):
         if ch == "{":
             head = statement.strip()
             in_function = any(k == "function" for k, *_ in stack)
-            m = re.search(r"\b(class|struct|union)\s+(\w+)[^;()]*$", head)
+            m = re.search(r"\b(class|struct|union)\s+([\w:]+)[^;()]*$", head)
             if re.search(r"\bnamespace\b", head) or head.startswith('extern'):
                 stack.append(["namespace", "", line, 0])
             elif re.search(r"\benum\b", head):

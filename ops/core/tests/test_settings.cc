@@ -1,5 +1,5 @@
 // The settings table's checks (settings.h): the library refuses bad values of the settings it
-// parses, and leaves MLSL_TF_COMM_CORE (kPython) to its one parser, mlsl_tf/cores.py.
+// parses, and leaves MLSL_TF_COMM_CORE (kPython) to its one parser, mlsl_tf/cpu_placement.py.
 #include <string>
 
 #include "../settings.h"
