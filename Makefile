@@ -137,12 +137,14 @@ test-unit: venv lib sim
 MPI4_TESTS := tests/mpi/test_groups.py tests/mpi/test_bf16.py tests/mpi/test_ops.py tests/mpi/test_adasum.py
 test-mpi: venv lib sim
 	@set -e; for n in 2 3; do for f in tests/mpi/test_*.py; do \
-	  echo "== mpiexec -n $$n $$f"; \
+	  echo "== mpiexec -n $$n $$f"; start=$$(date +%s); \
 	  timeout $(TIMEOUT) $(MPIEXEC) -n $$n $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
+	  echo "== $$(( $$(date +%s) - start )) s"; \
 	done; done; \
 	for f in $(MPI4_TESTS); do \
-	  echo "== mpiexec -n 4 $$f"; \
+	  echo "== mpiexec -n 4 $$f"; start=$$(date +%s); \
 	  timeout $(TIMEOUT) $(MPIEXEC) -n 4 $(PYTHON) -m pytest -q -p no:cacheprovider $$f; \
+	  echo "== $$(( $$(date +%s) - start )) s"; \
 	done
 
 # Elastic mlslrun end to end (tests/elastic): each test launches its jobs itself, under a timeout.
