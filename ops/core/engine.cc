@@ -37,7 +37,7 @@ StepResult Engine::Step(Clock::time_point now) {
     if (round_.phase == Phase::kIdle) BeginCycle();
     Advance(&result);
     // chunks in flight keep moving while an exchange travels
-    if (!closed_.closed && round_.phase != Phase::kIdle) Progress();
+    if (!closed_.closed && round_.phase != Phase::kIdle) Progress(now);
   }
   result.closed = closed_.closed;
   result.in_cycle = !closed_.closed && round_.phase != Phase::kIdle;

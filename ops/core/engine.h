@@ -79,8 +79,9 @@ class Engine {
   void Stop() { stopping_ = true; }
   // Advances the cycle as far as it can without waiting; `now` is the owner's clock.
   StepResult Step(Clock::time_point now);
-  // Tests the transfers in flight (between steps, e.g. right after units started).
-  void Progress() { groups_.Progress(); }
+  // Tests the transfers in flight (between steps, e.g. right after units started); `now`: the
+  // owner's clock, as for Step.
+  void Progress(Clock::time_point now) { groups_.Progress(now); }
 
   bool AllIdle() const { return groups_.AllIdle(); }  // no transfer queued or in flight, no collective left to finish
   bool Transferring() const { return groups_.Transferring(); }  // a unit in flight in some group

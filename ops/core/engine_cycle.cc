@@ -141,7 +141,7 @@ void Engine::Dispatch(StepResult* result) {
     names_.coordinator().Touch(id, cycle);
     if (!std::binary_search(eager.begin(), eager.end(), id)) Queue(id);
   }
-  if (groups_.StartUnits(m.units_done, round_.joined, options_.scheduler.inflight)) result->started_units = true;
+  if (groups_.StartUnits(m.units_done, round_.joined, options_.scheduler.inflight, now_)) result->started_units = true;
   names_.ForgetOrDrain(m, cycle, stats_);
   // Join completes in the same cycle everywhere: all joined, nothing in flight anywhere and
   // nothing new -- all three facts come from the control message, so every rank sees them.
@@ -171,7 +171,7 @@ void Engine::Queue(int32_t id) {
   if (!groups_.member(meta.group)) return;
   std::string name = meta.name;
   groups_.scheduler(meta.group)->Add(id, meta, mine, [this, name](const Status& st) { pending_.Finish(name, st); },
-                                     submitted);
+                                     submitted, now_);
   if (mine) stats_->Request();
 }
 

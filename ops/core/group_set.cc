@@ -125,8 +125,8 @@ std::chrono::microseconds GroupSet::PollInterval() const {
   return shortest == std::chrono::microseconds::max() ? std::chrono::microseconds(0) : shortest;
 }
 
-void GroupSet::Progress() {
-  for (auto& g : groups_) if (g->member()) g->scheduler->Progress();
+void GroupSet::Progress(std::chrono::steady_clock::time_point now) {
+  for (auto& g : groups_) if (g->member()) g->scheduler->Progress(now);
 }
 
 void GroupSet::FailAll(const Status& s) {
@@ -149,7 +149,8 @@ std::vector<uint64_t> GroupSet::UnitsDone() const {
   return done;
 }
 
-bool GroupSet::StartUnits(const std::vector<uint64_t>& done, const std::vector<bool>& joined, int inflight) {
+bool GroupSet::StartUnits(const std::vector<uint64_t>& done, const std::vector<bool>& joined, int inflight,
+                          std::chrono::steady_clock::time_point now) {
   // Units completed on every member are common knowledge, so every member starts the same ones.
   bool started = false;
   for (int g = 0; g < count(); ++g) {
@@ -159,8 +160,8 @@ bool GroupSet::StartUnits(const std::vector<uint64_t>& done, const std::vector<b
     std::vector<bool> group_joined(group.ranks.size());
     for (size_t i = 0; i < group.ranks.size(); ++i) group_joined[i] = joined[group.ranks[i]];
     const uint64_t before = group.scheduler->started();
-    group.scheduler->StartUpTo(common + uint64_t(inflight), group_joined, common);
-    group.scheduler->Progress();
+    group.scheduler->StartUpTo(now, common + uint64_t(inflight), group_joined, common);
+    group.scheduler->Progress(now);
     if (group.scheduler->started() != before) started = true;
   }
   return started;

@@ -55,7 +55,7 @@ class GroupSet {
   bool AllIdle() const;         // no transfer queued or in flight, no collective left to finish
   bool Transferring() const;    // a unit in flight
   std::chrono::microseconds PollInterval() const;  // the shortest any busy group allows; 0 when none
-  void Progress();
+  void Progress(std::chrono::steady_clock::time_point now);
   void FailAll(const Status& s);
   // The first scheduler failure, as "rank R (group G): what", or "".
   std::string FirstFailure() const;
@@ -63,7 +63,8 @@ class GroupSet {
   std::vector<uint64_t> UnitsDone() const;
   // Starts every member group's units up to its common completed prefix (`done`, by group id)
   // plus `inflight`; true when some started.
-  bool StartUnits(const std::vector<uint64_t>& done, const std::vector<bool>& joined, int inflight);
+  bool StartUnits(const std::vector<uint64_t>& done, const std::vector<bool>& joined, int inflight,
+                  std::chrono::steady_clock::time_point now);
 
  private:
   void Equip(Group* g);  // a member's scheduler

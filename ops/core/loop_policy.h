@@ -1,6 +1,7 @@
 // LoopPolicy: when the background thread steps the Engine -- how long it waits between cycles and
-// between two steps of a cycle -- as pure functions of the engine's state and elapsed time. The
-// Runtime follows them on the real clock (runtime.cc), the simulator on virtual time (sim/).
+// between two steps of a cycle -- as pure functions of the engine's state and elapsed time; and
+// CycleStepper, one cycle's loop as a state machine over the owner's clock. The Runtime follows
+// them on the real clock (runtime.cc), the simulator on virtual time (sim/): one loop, two clocks.
 #pragma once
 
 #include <chrono>
@@ -29,6 +30,39 @@ struct LoopPolicy {
   // pause before the next step (0: at once). Transfers in flight: the poll interval; else the
   // WaitLadder (wait_ladder.h).
   static us WithinCycle(const Engine& engine, int spins, std::chrono::steady_clock::duration waited);
+};
+
+// One cycle of the background thread: step the engine; after a step that started transfers, test
+// them until none is in flight or kFinishStarted has passed; while an exchange travels, step
+// again after WithinCycle's pause (yielding now and then when it is 0) -- until the cycle
+// completes or the engine closes. No thread and no clock: the owner calls Act at the time it
+// last said, with its clock's `now`.
+class CycleStepper {
+ public:
+  using Clock = std::chrono::steady_clock;
+  struct Next {
+    bool done = false;       // the cycle completed or the engine closed (result says which)
+    StepResult result;       // of the step that ended the cycle
+    Clock::time_point at{};  // act again then (<= now: at once): now + pause ...
+    std::chrono::microseconds pause{0};
+    bool yield = false;      // ... yielding the core first
+    // Testing transfers just started: act again at once, for as long as one is in flight and
+    // `at` (the end of kFinishStarted) has not passed -- on a virtual clock, when one completes.
+    bool finishing = false;
+  };
+  CycleStepper(Engine* engine, Clock::time_point start) : engine_(engine), start_(start) {}
+  // Does what is due at `now` and says what next.
+  Next Act(Clock::time_point now);
+
+ private:
+  Next After(const StepResult& r, Clock::time_point now);
+
+  Engine* const engine_;
+  const Clock::time_point start_;
+  int spins_ = 0;
+  bool finishing_ = false;
+  Clock::time_point finish_until_{};
+  StepResult finished_;  // the step that started the transfers being finished
 };
 
 }  // namespace mlsl

@@ -14,7 +14,7 @@ namespace mlsl {
 
 // What the Engine (engine.h) takes; the defaults are the settings table's.
 struct EngineOptions {
-  SchedulerOptions scheduler{int64_t(1) << 20, 4, int64_t(1) << 20, false, nullptr};
+  SchedulerOptions scheduler{int64_t(1) << 20, 4, int64_t(1) << 20, false};
   DataType default_wire = DataType::kFloat32;        // MLSL_TF_WIRE_DTYPE, for float32 reductions
   std::chrono::seconds stall_warning{60};            // MLSL_TF_STALL_WARNING_SECONDS (0: never)
   std::chrono::seconds stall_shutdown{0};            // MLSL_TF_STALL_SHUTDOWN_SECONDS (0: never)

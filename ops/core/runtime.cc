@@ -166,19 +166,15 @@ void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, in
 }
 
 StepResult Runtime::RunCycle(Engine* engine) {
-  const auto start = Clock::now();
-  for (int spins = 0;; ++spins) {
-    StepResult r = engine->Step(Clock::now());
-    if (r.started_units) {
-      const auto until = Clock::now() + LoopPolicy::kFinishStarted;
-      while (engine->Transferring() && Clock::now() < until) engine->Progress();
-    }
-    if (r.closed || r.cycle_done) return r;
-    // An exchange travels: test again at once, after a yield, or after the policy's pause.
-    const auto pause = LoopPolicy::WithinCycle(*engine, spins, WaitLadder::Waited(spins, start, Clock::now));
-    if (pause.count() > 0) {
-      std::this_thread::sleep_for(pause);
-    } else if (WaitLadder::Yields(spins)) {
+  CycleStepper stepper(engine, Clock::now());
+  while (true) {
+    const auto now = Clock::now();
+    const CycleStepper::Next next = stepper.Act(now);
+    if (next.done) return next.result;
+    if (next.finishing) continue;  // testing just-started transfers: at once
+    if (next.at > now) {
+      std::this_thread::sleep_for(next.at - now);
+    } else if (next.yield) {
       std::this_thread::yield();
     }
   }

@@ -32,7 +32,9 @@ Scheduler::~Scheduler() {
   inflight_.clear();
 }
 
-void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted) {
+void Scheduler::Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted,
+                    Clock::time_point now) {
+  now_ = now;
   auto w = std::make_unique<Work>();
   w->meta = meta;
   w->order = order_++;
@@ -264,7 +266,9 @@ void Scheduler::StartPiece(size_t at) {
   if (w->algo->started_all()) Activate(at);
 }
 
-void Scheduler::StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done) {
+void Scheduler::StartUpTo(Clock::time_point now, uint64_t limit, const std::vector<bool>& joined,
+                          uint64_t common_done) {
+  now_ = now;
   if (common_done != UINT64_MAX) ledger_.Agree(common_done);
   common_done = ledger_.agreed_done();
   starting_ = nullptr;
@@ -318,7 +322,8 @@ std::chrono::microseconds Scheduler::PollInterval() const {
   return options_.one_host ? std::chrono::microseconds(0) : pacer_.Interval(bytes);
 }
 
-void Scheduler::Progress() {
+void Scheduler::Progress(Clock::time_point now) {
+  now_ = now;
   pacer_.Poll(Now(), !inflight_.empty());
   for (size_t i = 0; i < inflight_.size();) {
     Unit* u = inflight_[i].get();

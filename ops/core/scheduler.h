@@ -44,7 +44,6 @@
 #include "residuals.h"
 #include "slot_set.h"
 #include "stats.h"
-#include "time_source.h"
 #include "timeline.h"
 #include "unit_ledger.h"
 #include "wire.h"
@@ -59,7 +58,6 @@ struct SchedulerOptions {
   int inflight;
   int64_t fusion_threshold;  // 0 = no fusion
   bool fifo;
-  const TimeSource* clock = nullptr;  // null: steady_clock; must outlive the scheduler
   // Every member on this host (MPI moves the data only inside Test): poll, never pace; and
   // chunks of at least ring_bytes run as the ring (operations.h).
   bool one_host = false;
@@ -76,16 +74,20 @@ class Scheduler {
 
   // Queues an agreed collective. `request` is null on a rank that has joined (it contributes
   // the identity). `finish` runs exactly once, on this thread.
-  void Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted);
+  // `now` (here and below): the owner's clock -- the only way time enters (queue waits,
+  // timeline spans, the pacer; no decision but the pacer's poll interval depends on it).
+  void Add(int32_t id, const RequestMeta& meta, Request* request, Finish finish, Clock::time_point submitted,
+           Clock::time_point now);
   // Tests the units in flight; finishes collectives whose units have completed on every rank
   // (the common prefix StartUpTo was last given).
-  void Progress();
+  void Progress(Clock::time_point now);
   // Starts units, most urgent first, until `limit` units have been started since creation.
   // `common_done` (default: this rank's completed prefix, right where one process plays every
   // rank) is how many units have completed on every rank: a collective whose next piece needs
   // its previous one done everywhere (Algorithm::Next's sync) waits for it, and the queue
   // behind it goes on meanwhile.
-  void StartUpTo(uint64_t limit, const std::vector<bool>& joined, uint64_t common_done = UINT64_MAX);
+  void StartUpTo(Clock::time_point now, uint64_t limit, const std::vector<bool>& joined,
+                 uint64_t common_done = UINT64_MAX);
   // Fails everything queued or in flight (used when the runtime closes).
   void FailAll(const Status& status);
   // The first unit failure here ("<op> '<name>' failed: <reason>", with the transfer's code);
@@ -111,7 +113,7 @@ class Scheduler {
   struct Work;
   struct Unit;
 
-  Clock::time_point Now() const { return options_.clock ? options_.clock->Now() : Clock::now(); }
+  Clock::time_point Now() const { return now_; }  // the latest the owner gave
   void Insert(std::unique_ptr<Work> w);
   // Where `w` stands in queue_ (it must be there).
   std::vector<std::unique_ptr<Work>>::iterator Queued(const Work* w);
@@ -153,6 +155,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Unit>> inflight_;
   std::vector<Work*> settling_;  // in active_, every unit completed here: finish once they have everywhere
   UnitLedger ledger_;
+  Clock::time_point now_{};
   uint64_t order_ = 0;  // collectives agreed: the fifo key
   std::vector<std::unique_ptr<Work>> orphans_;  // failed while MPI may still use their buffers
   std::vector<std::unique_ptr<Unit>> broken_;   // failed units: their transfers may still run

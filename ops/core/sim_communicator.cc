@@ -230,7 +230,9 @@ SimCost MessageCost(const SimFabric& f, int64_t bytes, bool same_host) {
 
 std::chrono::steady_clock::time_point SimNetwork::Now() const {
   using D = std::chrono::steady_clock::duration;
-  return std::chrono::steady_clock::time_point(std::chrono::duration_cast<D>(std::chrono::duration<double>(now_)));
+  // Rounded, not truncated: a time point the driver converts to seconds and back (CycleStepper's
+  // deadlines) comes back as itself.
+  return std::chrono::steady_clock::time_point(std::chrono::round<D>(std::chrono::duration<double>(now_)));
 }
 
 uint64_t SimNetwork::Start(SimCost c) {

@@ -50,7 +50,6 @@
 #include <utility>
 
 #include "communicator.h"
-#include "time_source.h"
 
 namespace mlsl {
 
@@ -107,12 +106,13 @@ SimCost MessageCost(const SimFabric& f, int64_t bytes, bool same_host);
 
 // The virtual clock and the link shared by every operation in flight. Time only moves by
 // AdvanceTo; it starts at 0 (seconds).
-class SimNetwork : public TimeSource {
+class SimNetwork {
  public:
   explicit SimNetwork(SimFabric fabric) : fabric_(std::move(fabric)) {}
   const SimFabric& fabric() const { return fabric_; }
   double now() const { return now_; }
-  std::chrono::steady_clock::time_point Now() const override;
+  // The virtual time as a steady_clock time point (what the engine's owner passes to Step).
+  std::chrono::steady_clock::time_point Now() const;
   // Starts an operation of cost c now; returns its handle.
   uint64_t Start(SimCost c);
   bool Done(uint64_t handle) const { return !ops_.count(handle); }

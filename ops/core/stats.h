@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <string>
@@ -30,7 +31,12 @@ class Stats {
   }
   // A collective (a way of operations.h: "chunks" once per allreduce, then each chunk's way)
   // started running; how many did, by way.
-  void Ran(const char* way) { std::lock_guard<std::mutex> l(mu_); ++ways_[way]; }
+  void Ran(const char* way) {
+    std::lock_guard<std::mutex> l(mu_);
+    auto it = ways_.find(way);  // no string made on the hot path once the way has run
+    if (it == ways_.end()) it = ways_.emplace(way, 0).first;
+    ++it->second;
+  }
   int64_t ran(const std::string& way) const {
     std::lock_guard<std::mutex> l(mu_);
     auto it = ways_.find(way);
@@ -45,7 +51,7 @@ class Stats {
   int64_t eager_ = 0;     // allreduces finished inside the control message
   int64_t in_place_ = 0;  // allreduces whose output is their input's buffer (TF forwarded it)
   std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
-  std::map<std::string, int64_t> ways_;              // operations.h's way -> collectives or chunks run
+  std::map<std::string, int64_t, std::less<>> ways_;              // operations.h's way -> collectives or chunks run
 };
 
 }  // namespace mlsl

@@ -1,9 +1,10 @@
 // SimBackgroundThread: the Runtime's background thread on a SimNetwork's virtual clock -- the
-// real Engine (engine.h) stepped when LoopPolicy (loop_policy.h) says the Runtime steps it: a
-// cycle as soon as something is submitted, after the poll interval while transfers are in flight,
-// after the heartbeat when there is nothing; within a cycle a step at each change the thread
-// would notice (a completion, or the next tick of its poll / sleep); after starting transfers,
-// tests for LoopPolicy::kFinishStarted. Nothing of the cycle itself is modelled here.
+// real Engine (engine.h) stepped by the Runtime's own loop: between cycles LoopPolicy's wait (a
+// cycle as soon as something is submitted, after the poll interval while transfers are in
+// flight, after the heartbeat when there is nothing), and each cycle a CycleStepper
+// (loop_policy.h), the object Runtime::RunCycle runs. What only a virtual clock adds: a step with
+// no completion since the last one changes nothing, so the thread's next step is the first tick
+// of its pause after a completion.
 #pragma once
 
 #include <deque>
@@ -11,6 +12,7 @@
 #include <string>
 
 #include "../engine.h"
+#include "../loop_policy.h"
 #include "../options.h"
 #include "../sim_communicator.h"
 #include "../stats.h"
@@ -39,27 +41,21 @@ class SimBackgroundThread {
   const std::string& error() const { return error_; }
 
  private:
-  enum class State { kBetween, kStepping, kFinishing };
-  void Step();
-  void AfterStep(const StepResult& r);
   // Whether an operation completed since the thread last stepped or tested.
   bool Changed() const { return net_->completed() != seen_; }
+  void EndCycle(const StepResult& r);
 
   SimNetwork* const net_;
   std::unique_ptr<Engine> engine_;
   const RuntimeOptions options_;
   const double cycle_bound_s_;
   std::deque<std::unique_ptr<Request>> incoming_;
-  State state_ = State::kBetween;
-  double wake_at_ = 0;          // kBetween: the end of the wait for a submission
+  std::unique_ptr<CycleStepper> cycle_;  // the cycle under way (null: between cycles)
+  CycleStepper::Next next_;              // ... and what it said to do next
+  double wake_at_ = 0;          // between cycles: the end of the wait for a submission
   double next_cycle_ = 0;       // cycle_bound_s after the last cycle began
-  double cycle_start_ = 0;      // kStepping: when the cycle began, its steps so far, the pause
-  int spins_ = 0;
-  double pause_s_ = 0;
-  double last_step_ = 0;
+  double last_act_ = 0;         // when the cycle last acted
   uint64_t seen_ = 0;           // the network's completions when it last stepped or tested
-  double finish_until_ = 0;     // kFinishing: the end of the tests after starting transfers
-  StepResult finishing_;        // ... and the step that started them
   int idle_cycles_ = 0;         // cycles in a row that moved nothing
   std::string error_;
 };

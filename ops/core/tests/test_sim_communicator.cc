@@ -260,7 +260,7 @@ static SimRun OneAllreduce(SimNetwork* net, size_t floats, bool one_host = false
   SimCommunicator comm(net);
   Timeline timeline("", 0);
   Stats stats;
-  SchedulerOptions o{1 << 20, 1, 0, false, net};
+  SchedulerOptions o{1 << 20, 1, 0, false};
   o.one_host = one_host;
   Scheduler sched(&comm, &timeline, &stats, o);
   std::vector<float> data(floats, 1.0f);
@@ -269,13 +269,13 @@ static SimRun OneAllreduce(SimNetwork* net, size_t floats, bool one_host = false
   r.inputs = {TensorInput{data.data(), {int64_t(data.size())}}};
   r.allocate_output = [&](int, const Shape&, void** out) { *out = data.data(); return Status::Ok(); };
   SimRun run;
-  sched.Add(0, RequestMeta::From(r), &r, [&](const Status&) { run.finished = net->now(); }, net->Now());
+  sched.Add(0, RequestMeta::From(r), &r, [&](const Status&) { run.finished = net->now(); }, net->Now(), net->Now());
   while (run.finished < 0) {
-    sched.StartUpTo(sched.completed_prefix() + 1, {false});
+    sched.StartUpTo(net->Now(), sched.completed_prefix() + 1, {false});
     if (run.finished >= 0) break;
     run.longest_sleep_us = std::max<int64_t>(run.longest_sleep_us, sched.PollInterval().count());
     net->AdvanceTo(net->NextEvent());
-    sched.Progress();
+    sched.Progress(net->Now());
   }
   return run;
 }
@@ -304,7 +304,7 @@ static int64_t FusedBuffers(bool error_feedback) {
   SimCommunicator comm(&net);
   Timeline timeline("", 0);
   Stats stats;
-  SchedulerOptions o{1 << 20, 1, 1 << 20, false, &net};
+  SchedulerOptions o{1 << 20, 1, 1 << 20, false};
   Scheduler sched(&comm, &timeline, &stats, o);
   std::vector<std::vector<float>> data(3, std::vector<float>(256, 1.0f));
   std::vector<Request> requests(3);
@@ -316,13 +316,13 @@ static int64_t FusedBuffers(bool error_feedback) {
     r.allocate_output = [&data, i](int, const Shape&, void** out) { *out = data[i].data(); return Status::Ok(); };
     RequestMeta meta = RequestMeta::From(r);
     meta.error_feedback = error_feedback;
-    sched.Add(i, meta, &r, [&](const Status& s) { CHECK(s.ok()); ++finished; }, net.Now());
+    sched.Add(i, meta, &r, [&](const Status& s) { CHECK(s.ok()); ++finished; }, net.Now(), net.Now());
   }
   while (finished < 3) {
-    sched.StartUpTo(sched.completed_prefix() + 1, {false});
+    sched.StartUpTo(net.Now(), sched.completed_prefix() + 1, {false});
     if (finished == 3) break;
     net.AdvanceTo(net.NextEvent());
-    sched.Progress();
+    sched.Progress(net.Now());
   }
   const std::string json = stats.Json();
   const size_t at = json.find("\"fused_buffers\": ");

@@ -44,3 +44,63 @@ TEST(loop_policy_within_a_cycle_is_the_ladder_when_nothing_is_in_flight) {
     }
   }
 }
+
+namespace {
+
+// One rank's Engine and the CycleStepper of its cycle under way, on a clock the test moves.
+struct SteppedRank {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<CycleStepper> cycle;
+  std::vector<float> data;
+  bool done = false;
+};
+
+}  // namespace
+
+TEST(cycle_stepper_is_runcycle_finishing_started_transfers_then_pausing_as_the_ladder_says) {
+  // Two ranks stepped round-robin from this thread, each cycle through a CycleStepper (the object
+  // Runtime::RunCycle and the simulator's driver both run): a 1 MiB allreduce completes; a step
+  // that started transfers is followed by tests of them until LoopPolicy::kFinishStarted has
+  // passed or none is in flight; a cycle whose exchange travels waits WithinCycle's pause.
+  const int n = 2;
+  auto world = std::make_shared<FakeWorld>(n), control = std::make_shared<FakeWorld>(n);
+  std::vector<Timeline> timelines(n);
+  std::vector<Stats> stats(n);
+  std::vector<SteppedRank> ranks(n);
+  for (int r = 0; r < n; ++r) {
+    ranks[r].engine = std::make_unique<Engine>(std::make_unique<FakeCommunicator>(world, r),
+                                               std::make_unique<FakeCommunicator>(control, r), &timelines[r],
+                                               &stats[r], EngineOptions());
+    ranks[r].data.assign(262144, float(r + 1));
+    auto req = std::make_unique<Request>();
+    req->name = "w";
+    req->inputs = {TensorInput{ranks[r].data.data(), {int64_t(ranks[r].data.size())}}};
+    float* out = ranks[r].data.data();
+    req->allocate_output = [out](int, const Shape&, void** p) { *p = out; return Status::Ok(); };
+    bool* done = &ranks[r].done;
+    req->done = [done](const Status& s) { CHECK(s.ok()); *done = true; };
+    ranks[r].engine->Submit(std::move(req));
+  }
+  std::chrono::steady_clock::time_point now{};
+  int finishing = 0, cycles = 0;
+  for (int acts = 0; acts < 200000 && !(ranks[0].done && ranks[1].done); ++acts) {
+    now += microseconds(1);
+    SteppedRank& rank = ranks[acts % n];
+    if (!rank.cycle) rank.cycle = std::make_unique<CycleStepper>(rank.engine.get(), now);
+    const CycleStepper::Next next = rank.cycle->Act(now);
+    if (next.done) {
+      CHECK(!next.result.closed);
+      rank.cycle.reset();
+      ++cycles;
+    } else if (next.finishing) {
+      ++finishing;
+      CHECK(next.at > now - LoopPolicy::kFinishStarted && next.at <= now + LoopPolicy::kFinishStarted);
+    } else {
+      CHECK(next.at == now + next.pause);
+    }
+  }
+  CHECK(ranks[0].done && ranks[1].done);
+  CHECK(finishing > 0);  // the chunks' start was followed by tests of them
+  CHECK(cycles >= 2);
+  for (int r = 0; r < n; ++r) CHECK_EQ(ranks[r].data[0], 3.0f);
+}
