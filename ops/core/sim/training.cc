@@ -18,6 +18,7 @@ namespace mlsl {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kTwoPi = 6.283185307179586;
 
 std::string Num(double x) {
   std::ostringstream os;
@@ -27,7 +28,8 @@ std::string Num(double x) {
 }
 
 // Per step, the largest of `ranks` lognormal factors of mean 1 (sigma: of their log). Box-Muller
-// over mt19937_64's integers (both fully specified), so a seed gives the same factors everywhere.
+// over mt19937_64's integers: unlike std::normal_distribution's, its output is fixed by the
+// standard, so a seed gives the same draws with any standard library.
 std::vector<double> SlowestFactors(int steps, int ranks, double sigma, uint64_t seed) {
   std::vector<double> out(std::max(0, steps), 1.0);
   if (sigma <= 0) return out;
@@ -36,7 +38,7 @@ std::vector<double> SlowestFactors(int steps, int ranks, double sigma, uint64_t 
   for (double& f : out) {
     double z = -kInf;
     for (int r = 0; r < ranks; r += 2) {
-      const double radius = std::sqrt(-2 * std::log(uniform())), angle = 2 * M_PI * uniform();
+      const double radius = std::sqrt(-2 * std::log(uniform())), angle = kTwoPi * uniform();
       z = std::max(z, radius * std::cos(angle));
       if (r + 1 < ranks) z = std::max(z, radius * std::sin(angle));
     }
