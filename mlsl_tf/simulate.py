@@ -5,6 +5,13 @@ of MPICH's collectives; built by `make sim`, shipped in the installed package) p
     python -m mlsl_tf.simulate --model resnet50 --nodes 8,64,256,1024 --link 100gbit --latency 1us \\
         --batch 64 --images-per-s 100 --png sim.png
 
+Step-time variance (on by default, --variance measured): each rank's compute of a step is its
+nominal time times a lognormal factor of mean 1 whose log has the standard deviation measured
+on this machine (sim_models/step_variance.json; --variance 0 for none); a synchronous step goes
+at the pace of the slowest of the N ranks, so efficiency falls with N as the expected largest of
+N draws grows (about sigma sqrt(2 ln N)). benchmarks/published_scale.py compares the predictions
+with the published efficiencies of Intel MLSL and Horovod.
+
 A model is a table (mlsl_tf/sim_models/NAME.json, or a path): per layer in forward order its
 gradient tensors' float32 bytes and either its forward FLOPs per image (times are then the
 per-step compute, --batch / --images-per-s or --step-compute, split in proportion to FLOPs,
@@ -66,8 +73,31 @@ def parse_seconds(text):
     return float(m.group(1)) * {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1, None: 1}[m.group(2)]
 
 
+# Files in sim_models that are parameters, not model tables.
+PARAMETER_FILES = ("step_variance", "cluster_")
+VARIANCE_FILE = MODELS / "step_variance.json"
+
+
 def known_models():
-    return sorted(p.stem for p in MODELS.glob("*.json"))
+    return sorted(p.stem for p in MODELS.glob("*.json") if not p.stem.startswith(PARAMETER_FILES))
+
+
+def measured_variance(path=VARIANCE_FILE):
+    """sigma of ln(step compute) measured on this machine (sim_models/step_variance.json says how)."""
+    return float(json.loads(pathlib.Path(path).read_text())["sigma"])
+
+
+def parse_variance(text):
+    """'measured' (sim_models/step_variance.json's sigma) or a number >= 0 (sigma of ln step time)."""
+    if str(text).strip() == "measured":
+        return measured_variance()
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value >= 0:
+        raise ValueError(f"a variance is 'measured' or a number >= 0, not {text!r}")
+    return value
 
 
 def load_table(model):
@@ -104,14 +134,17 @@ def timed_layers(table, step_compute=None, bwd_ratio=2.0):
 
 
 def config_text(layers, nodes, bandwidth, latency, policy, ranks_per_host=1, allreduce="auto", gamma=0.0,
-                steps=6, warmup=2, label="", overrides=None, codec=0.0):
-    """The text mlsl_sim reads (ops/core/sim/training.h: ParseConfig)."""
+                steps=6, warmup=2, label="", overrides=None, codec=0.0, variance=0.0, seed=1, hierarchical=True):
+    """The text mlsl_sim reads (ops/core/sim/training.h: ParseConfig). variance: sigma of ln(each
+    rank's step compute), the step paced by the slowest of `nodes` draws (seeded by `seed`);
+    hierarchical=False: one allreduce over every rank, ranks_per_host sharing a host's link."""
     keys = dict(DEFAULTS)
     keys.update(POLICIES[policy] if isinstance(policy, str) else policy)
     keys.update(overrides or {})
     lines = [f"label {label or policy}", f"ranks {nodes}", f"ranks_per_host {ranks_per_host}",
              f"alpha {latency!r}", f"beta {1.0 / bandwidth!r}", f"gamma {gamma!r}", f"codec {codec!r}",
-             f"allreduce {allreduce}",
+             f"allreduce {allreduce}", f"hierarchical {int(bool(hierarchical))}",
+             f"variance {float(variance)!r}", f"seed {int(seed)}",
              f"steps {steps}", f"warmup {warmup}"]
     lines += [f"{k} {v!r}" if isinstance(v, float) else f"{k} {int(v)}" for k, v in sorted(keys.items())]
     for name, fwd, bwd, grads in layers:
@@ -145,7 +178,8 @@ def keras_table(name="resnet50"):
     multiply-add for Conv2D/Dense, ELEMENTWISE_FLOPS per output element otherwise)."""
     import keras  # noqa: PLC0415 (only this function needs TensorFlow)
     builders = {"resnet50": keras.applications.ResNet50, "mobilenetv2": keras.applications.MobileNetV2,
-                "vgg16": keras.applications.VGG16}
+                "vgg16": keras.applications.VGG16, "resnet101": keras.applications.ResNet101,
+                "inceptionv3": keras.applications.InceptionV3}
     model = builders[name](weights=None)
     layers = []
     for layer in model.layers:
@@ -300,8 +334,18 @@ def build_parser():
                    help=f"MLSL_TF_INFLIGHT (default: the policy's, else {DEFAULTS['inflight']})")
     p.add_argument("--fusion-threshold", type=_number(int, 0),
                    help=f"MLSL_TF_FUSION_THRESHOLD in bytes (default: the policy's, else {DEFAULTS['fusion_threshold']})")
-    p.add_argument("--steps", type=_number(int, 4), default=6,
-                   help="simulated steps, the first 2 of them warm-up (default: %(default)s)")
+    p.add_argument("--variance", default="measured", type=_checked(parse_variance),
+                   help="step-time variance: sigma of ln(each rank's step compute), lognormal of mean 1, the "
+                   "step paced by the slowest rank; 'measured' is this machine's (sim_models/step_variance.json), "
+                   "0 none (default: %(default)s)")
+    p.add_argument("--seed", type=_number(int, 0), default=1,
+                   help="seed of the variance's draws: equal seeds, equal results (default: %(default)s)")
+    p.add_argument("--flat", action="store_true",
+                   help="one allreduce over every rank, the ranks of a host sharing its link (NCCL's ring over "
+                   "servers of several GPUs), not MPICH's SMP-aware reduce/allreduce/bcast (default: off)")
+    p.add_argument("--steps", type=_number(int, 4), default=40,
+                   help="simulated steps, the first 2 of them warm-up; with variance, more steps average "
+                   "more slowest-rank draws (default: %(default)s)")
     p.add_argument("--out", type=_writable, help="also append the JSON lines to this file (default: none)")
     p.add_argument("--png", type=_writable, help="draw efficiency vs nodes into this PNG (default: none)")
     return p
@@ -333,7 +377,8 @@ def main(argv=None):
         for policy in a.policies:
             text = config_text(layers, nodes, parse_rate(a.link), parse_seconds(a.latency), policy,
                                a.ranks_per_host, a.allreduce, a.gamma, a.steps, overrides=overrides,
-                               codec=a.codec)
+                               codec=a.codec, variance=parse_variance(a.variance), seed=a.seed,
+                               hierarchical=not a.flat)
             r = run_config(text, binary)
             r.update(model=table.get("model", a.model), link=a.link, latency=a.latency)
             r.pop("stats", None)

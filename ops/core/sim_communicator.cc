@@ -145,9 +145,32 @@ std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
   return "rabenseifner";
 }
 
+// hierarchical false, r > 1 ranks to a host: one algorithm over every rank (AllreduceCost).
+static SimCost FlatAcrossHosts(const SimFabric& f, const std::string& algorithm, int r, double n) {
+  if (algorithm == "ring") return FlatAllreduce(f, "ring", f.ranks, n);
+  const int inside = Log2Ceil(r);
+  const int pof2 = 1 << Log2Floor(f.ranks);
+  const int q = std::max(1, pof2 >> inside);  // hosts' worth of the pof2 ranks
+  SimCost c = FlatAllreduce(f, algorithm, q, n);
+  if (algorithm == "rd") {
+    c.link *= r;  // each step across hosts: the host's r ranks send their n bytes at once
+    c.latency += inside * (f.alpha_shm + n * f.beta_shm + n * f.gamma);
+  } else {  // rabenseifner: halves n/2, n/4, ... inside the host, twice (reduce-scatter, allgather)
+    const double share = 1.0 - 1.0 / (1 << inside);
+    c.latency += 2 * inside * f.alpha_shm + 2 * share * n * f.beta_shm + share * n * f.gamma;
+  }
+  if (pof2 != f.ranks) {  // the fold of the ranks above pof2, as FlatAllreduce charges it
+    const double extra = SendBeta(f, f.ranks - pof2);
+    c.latency += 2 * f.alpha + n * f.gamma + n * extra;
+    c.link += n * extra;
+  }
+  return c;
+}
+
 SimCost AllreduceCost(const SimFabric& f, int64_t bytes) {
   const int r = std::max(1, std::min(f.ranks_per_host, f.ranks));
   const int hosts = (f.ranks + r - 1) / r;
+  if (r > 1 && !f.hierarchical) return FlatAcrossHosts(f, AllreduceAlgorithm(f, bytes), r, double(bytes));
   SimCost c = FlatAllreduce(f, AllreduceAlgorithm(f, bytes), hosts, double(bytes));
   if (r > 1) {  // reduce inside the host, allreduce between hosts, bcast inside the host
     const double steps = Log2Ceil(r);

@@ -14,6 +14,13 @@
 //   ranks_per_host r > 1 (MPICH's SMP-aware collectives): a binomial reduce inside the host,
 //   the allreduce above over the p/r hosts, a binomial bcast inside the host; the intra-host
 //   steps cost log2(r) (alpha_shm + n beta_shm) each (plus n gamma per reduce step).
+//   hierarchical false (one algorithm over all p ranks, r to a host in rank order; NCCL's ring over
+//   the GPUs of several servers): ring as above over p, each host's link crossed once each way;
+//   recursive doubling and Rabenseifner (MPICH's mask order: nearest partner first) take their
+//   first log2(r) steps inside the host (alpha_shm + n' beta_shm, n' the step's bytes) and the
+//   rest across hosts, where the r ranks of a host send at once over its one link (contention):
+//   recursive doubling log2(p/r) (alpha + n r beta); Rabenseifner 2 log2(p/r) alpha +
+//   2 (q-1)/q n beta, q = pof2/r (its r ranks' halves add up to what one rank per host would send).
 //   allgather(v) of n bytes in all   short (< 512 KiB): log2(p) alpha; long: (p-1) alpha; + (p-1)/p n beta
 //   alltoall(v), n bytes sent        (p-1) alpha + (p-r)/p n beta r   (pairwise; the r ranks of a host share its link)
 //   broadcast of n bytes             short (< 12 KiB): log2(p) (alpha + n beta); long: scatter + allgather,
@@ -75,6 +82,9 @@ struct SimFabric {
   // thread does a CPU part, whatever binds its rate; false: only where the CPU binds (an RDMA NIC,
   // or the kernel with full socket buffers, moves the bytes on its own).
   bool thread_progress = false;
+  // ranks_per_host > 1: MPICH's SMP-aware allreduce (reduce in the host, allreduce across hosts,
+  // bcast in the host); false: one algorithm over every rank, the host's link shared by its ranks.
+  bool hierarchical = true;
 };
 
 // s per byte when `senders` ranks send at once (beta, or the shared cores' rate when slower).

@@ -117,11 +117,11 @@ def test_help_gives_every_options_default(capsys):
     for action in simulate.build_parser()._actions:
         if action.dest != "help":
             assert "default" in action.help, action.option_strings  # each option names its default
-    assert "(default: resnet50)" in text and "(default: 8,64,256,1024)" in text and "(default: 6)" in text
+    assert "(default: resnet50)" in text and "(default: 8,64,256,1024)" in text and "(default: 40)" in text
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--model", "resnet5"], "unknown model 'resnet5': known models are resnet50"),
+    (["--model", "resnet5"], "unknown model 'resnet5': known models are inceptionv3, resnet101, resnet50, vgg16,"),
     (["--model", "missing/table.json"], "cannot read the model table missing/table.json: No such file"),
     (["--nodes", "8,x"], "argument --nodes: not a comma-separated list of integers: '8,x'"),
     (["--nodes", "0,8"], "argument --nodes: node counts must be >= 1"),
@@ -135,6 +135,8 @@ def test_help_gives_every_options_default(capsys):
     (["--gamma", "nan"], "argument --gamma: nan must be >= 0"),
     (["--png", "no/such/dir/eff.png"], "argument --png: directory"),
     (["--allreduce", "tree"], "argument --allreduce: invalid choice: 'tree'"),
+    (["--variance", "-0.1"], "argument --variance: a variance is 'measured' or a number >= 0, not '-0.1'"),
+    (["--variance", "lots"], "argument --variance: a variance is 'measured' or a number >= 0, not 'lots'"),
 ])
 def test_bad_input_is_a_usage_error_not_a_traceback(argv, message, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)

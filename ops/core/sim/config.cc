@@ -29,6 +29,7 @@ bool ReadFabric(const std::string& key, std::istream& ls, SimFabric& f, bool* ok
   else if (key == "shared_cores") *ok = bool(ls >> f.shared_cores) && f.shared_cores >= 0;
   else if (key == "cpu_beta") *ok = bool(ls >> f.cpu_beta) && f.cpu_beta >= 0;
   else if (key == "thread_progress") { *ok = bool(ls >> flag); f.thread_progress = flag; }
+  else if (key == "hierarchical") { *ok = bool(ls >> flag); f.hierarchical = flag; }
   else if (key == "allreduce") *ok = bool(ls >> f.allreduce) &&
            (f.allreduce == "auto" || f.allreduce == "rd" || f.allreduce == "rabenseifner" || f.allreduce == "ring");
   else return false;
@@ -71,6 +72,8 @@ bool ReadKey(const std::string& key, std::istream& ls, SimConfig* c) {
   else if (key == "contention") ok = bool(ls >> c->contention) && c->contention >= 0;
   else if (key == "codec_interference") ok = bool(ls >> c->codec_interference) && c->codec_interference >= 0;
   else if (key == "codec_contention") ok = bool(ls >> c->codec_contention) && c->codec_contention >= 0;
+  else if (key == "variance") ok = bool(ls >> c->variance) && c->variance >= 0;
+  else if (key == "seed") ok = bool(ls >> c->seed);
   else if (key == "steps") ok = bool(ls >> c->steps);
   else if (key == "warmup") ok = bool(ls >> c->warmup);
   else if (key == "timeline") ok = bool(ls >> c->timeline);
@@ -115,9 +118,11 @@ std::string ResultJson(const SimConfig& c, const SimResult& r) {
      << ", \"eager_bytes\": " << c.runtime.engine.eager_bytes
      << ", \"heartbeat_ms\": " << c.runtime.heartbeat.count() << ", \"cycle_s\": " << Num(c.cycle_s) << ", \"interference\": " << Num(c.interference)
      << ", \"contention\": " << Num(c.contention) << ", \"codec_interference\": " << Num(c.codec_interference)
-     << ", \"codec_contention\": " << Num(c.codec_contention) << ", \"layers\": " << c.layers.size()
+     << ", \"codec_contention\": " << Num(c.codec_contention) << ", \"variance\": " << Num(c.variance)
+     << ", \"seed\": " << c.seed << ", \"hierarchical\": " << (f.hierarchical ? "true" : "false")
+     << ", \"layers\": " << c.layers.size()
      << ", \"grad_bytes\": " << r.bytes << ", \"step_s\": " << Num(r.step) << ", \"compute_s\": " << Num(r.compute)
-     << ", \"efficiency\": " << Num(r.efficiency) << ", \"exposed_s\": " << Num(r.exposed)
+     << ", \"slowest_factor\": " << Num(r.slowest) << ", \"efficiency\": " << Num(r.efficiency) << ", \"exposed_s\": " << Num(r.exposed)
      << ", \"first_layer_exposed_s\": " << Num(r.first_exposed) << ", \"link_busy_s\": " << Num(r.link_busy)
      << ", \"cycles_per_step\": " << r.cycles << ", \"stats\": " << r.stats << "}";
   return os.str();

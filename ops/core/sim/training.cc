@@ -6,6 +6,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <random>
 #include <sstream>
 
 #include "../engine.h"
@@ -17,12 +18,33 @@ namespace mlsl {
 namespace {
 
 constexpr double kInf = std::numeric_limits<double>::infinity();
+constexpr double kTwoPi = 6.283185307179586;
 
 std::string Num(double x) {
   std::ostringstream os;
   os.precision(9);
   os << x;
   return os.str();
+}
+
+// Per step, the largest of `ranks` lognormal factors of mean 1 (sigma: of their log). Box-Muller
+// over mt19937_64's integers: unlike std::normal_distribution's, its output is fixed by the
+// standard, so a seed gives the same draws with any standard library.
+std::vector<double> SlowestFactors(int steps, int ranks, double sigma, uint64_t seed) {
+  std::vector<double> out(std::max(0, steps), 1.0);
+  if (sigma <= 0) return out;
+  std::mt19937_64 gen(seed);
+  const auto uniform = [&gen] { return (double(gen() >> 11) + 0.5) * 0x1.0p-53; };  // (0, 1)
+  for (double& f : out) {
+    double z = -kInf;
+    for (int r = 0; r < ranks; r += 2) {
+      const double radius = std::sqrt(-2 * std::log(uniform())), angle = kTwoPi * uniform();
+      z = std::max(z, radius * std::cos(angle));
+      if (r + 1 < ranks) z = std::max(z, radius * std::sin(angle));
+    }
+    f = std::exp(sigma * z - sigma * sigma / 2);
+  }
+  return out;
 }
 
 // One simulated process standing for every rank: the compute of its layers, the gradients each
@@ -59,13 +81,15 @@ class Trainer {
   std::vector<int> reduced_;                  // the latest step whose gradients of this layer are all reduced
   std::vector<double> f0_start_, bwd_end_, busy_at_;
   std::vector<uint64_t> cycles_at_;
+  std::vector<double> factor_;                // the slowest rank's compute factor, by step
   std::string error_;
 };
 
 Trainer::Trainer(const SimConfig& cfg)
     : cfg_(cfg), net_(cfg.fabric), timeline_(cfg.timeline, 0), of_layer_(cfg.layers.size()),
       outstanding_(L(), 0), reduced_(L(), -1),
-      f0_start_(S(), 0), bwd_end_(S(), 0), busy_at_(S(), 0), cycles_at_(S(), 0) {
+      f0_start_(S(), 0), bwd_end_(S(), 0), busy_at_(S(), 0), cycles_at_(S(), 0),
+      factor_(SlowestFactors(S(), cfg.fabric.ranks, cfg.variance, cfg.seed)) {
   thread_ = std::make_unique<SimBackgroundThread>(&net_, cfg.runtime, cfg.cycle_s, &timeline_, &stats_);
 }
 
@@ -143,7 +167,7 @@ bool Trainer::Compute() {
         busy_at_[step_] = net_.link_busy();
         cycles_at_[step_] = thread_->engine().cycles();
       }
-      compute_left_ = task_ < L() ? layer.fwd : layer.bwd;
+      compute_left_ = (task_ < L() ? layer.fwd : layer.bwd) * factor_[step_];
       changed = true;
     }
   }
@@ -200,6 +224,8 @@ void Trainer::Summarize(SimResult* out) const {
   const int w = cfg_.warmup, intervals = S() - 1 - w;
   out->step = (f0_start_[S() - 1] - f0_start_[w]) / intervals;
   for (const SimLayer& l : cfg_.layers) out->compute += l.fwd + l.bwd;
+  out->slowest = 0;
+  for (int s = w; s < S() - 1; ++s) out->slowest += factor_[s] / intervals;
   out->efficiency = out->compute / out->step;
   out->exposed = out->step - out->compute;
   for (int s = w; s < S() - 1; ++s) out->first_exposed += (f0_start_[s + 1] - bwd_end_[s]) / intervals;

@@ -47,6 +47,13 @@ struct SimConfig {
   double codec_interference = 0;
   double codec_contention = 0;
   int steps = 6, warmup = 2;    // steps played; steps before `warmup` are not measured
+  // Step-time variance (synchronous SGD: a step goes at the pace of its slowest rank). Each of
+  // fabric.ranks ranks computes step s in its nominal time (the layers' fwd + bwd) times a factor
+  // drawn from a lognormal of mean 1 whose log has this standard deviation, independently per
+  // rank and step; the simulated rank computes step s at the largest of the ranks' factors,
+  // so its gradients reach the collectives when the slowest rank's would. 0: no variance.
+  double variance = 0;
+  uint64_t seed = 1;            // of the draws (mt19937_64): equal seeds, equal results
   std::string timeline;         // Chrome-trace of the scheduler on virtual time ("" = none)
   std::string label;            // echoed in the result
   std::vector<SimLayer> layers;
@@ -56,8 +63,9 @@ struct SimConfig {
 
 struct SimResult {
   double step = 0;           // s per step, steady state
-  double compute = 0;        // s of compute per step
-  double efficiency = 0;     // compute / step
+  double compute = 0;        // s of compute per step (nominal: the mean rank's)
+  double slowest = 1;        // the slowest rank's factor (SimConfig::variance), mean over measured steps
+  double efficiency = 0;     // compute / step (nominal compute: variance lowers it)
   double exposed = 0;        // step - compute: computation waiting for communication
   double first_exposed = 0;  // from the end of backprop to the next step's first forward layer
   double link_busy = 0;      // s per step the link carried data

@@ -76,6 +76,33 @@ TEST(sim_allreduce_hierarchical) {
   CHECK_NEAR(c.latency, 2 * 2 * f.alpha + 2 * 2 * (f.alpha_shm + n * f.beta_shm));
 }
 
+TEST(sim_allreduce_flat_shares_the_hosts_link) {
+  // 16 ranks, 4 per host, one algorithm over all 16 (hierarchical false).
+  SimFabric f = Fabric(16, 4);
+  f.hierarchical = false;
+  const double n = 1 << 20;
+  // Rabenseifner, nearest partner first: 2 halving steps inside the host (n/2 + n/4, twice),
+  // 2 across hosts with the host's 4 ranks sending at once: as much on the link as one per host.
+  SimCost c = AllreduceCost(f, 1 << 20);
+  CHECK_NEAR(c.link, 2.0 * 3 / 4 * n * f.beta);
+  CHECK_NEAR(c.latency, 2 * 2 * f.alpha + 2 * 2 * f.alpha_shm + 2 * 0.75 * n * f.beta_shm);
+  // Recursive doubling: the 2 steps across hosts carry n from each of the host's 4 ranks.
+  f.allreduce = "rd";
+  c = AllreduceCost(f, 1 << 20);
+  CHECK_NEAR(c.link, 2 * 4 * n * f.beta);
+  CHECK_NEAR(c.latency, 2 * f.alpha + 2 * (f.alpha_shm + n * f.beta_shm));
+  // Ring over all 16 ranks (NCCL's over several GPUs a server): each host's link crossed once
+  // each way, 2 (p-1) steps.
+  f.allreduce = "ring";
+  c = AllreduceCost(f, 1 << 20);
+  CHECK_NEAR(c.link, 2.0 * 15 / 16 * n * f.beta);
+  CHECK_NEAR(c.latency, 2 * 15 * f.alpha);
+  // One rank per host: the same as the hierarchical form.
+  SimFabric one = Fabric(16), flat = Fabric(16);
+  flat.hierarchical = false;
+  CHECK_NEAR(AllreduceCost(flat, 1 << 20).total(), AllreduceCost(one, 1 << 20).total());
+}
+
 TEST(sim_other_collectives) {
   SimFabric f = Fabric(8);
   const double big = 1 << 20, small = 4096;
