@@ -69,12 +69,12 @@ def test_saved_files_are_read_by_the_keras_that_wrote_them(tmp_path):
         model.save(os.fspath(tmp_path / name))
     for name in paths:
         path = os.fspath(tmp_path / name)
-        assert keras2_compat.saved_by_keras2(path) == name.startswith("k2"), name
+        assert hvd.saved_by_keras2(path) == name.startswith("k2"), name
         loaded = hvd.load_model(path)
         assert isinstance(loaded, tf_keras.Model if name.startswith("k2") else keras.Model), name
         assert hvd.is_distributed(loaded.optimizer), name
         np.testing.assert_array_equal(loaded.get_weights()[0], paths[name].get_weights()[0])
-    assert not keras2_compat.saved_by_keras2(os.fspath(tmp_path / "missing.h5"))
+    assert not hvd.saved_by_keras2(os.fspath(tmp_path / "missing.h5"))
 
 
 def test_no_overlap_under_keras2_is_logged_once(caplog):
