@@ -160,44 +160,48 @@ def test_a_tape_loop_defers_too():
 
 # ---- reads from outside see the pending update ---------------------------------------------------
 
-def test_callbacks_evaluate_and_predict_see_every_update():
-    """A callback reading the weights after every batch, evaluate after each epoch (validation)
-    and after fit, and predict; evaluate and predict also ran before fit, so their functions were
-    traced before the variables had access hooks."""
+def test_a_callback_reading_the_weights_after_every_batch_sees_every_update():
+    x, y = _data()
+    per_batch = {}
+    for cross in (True, False):
+        model = _model()
+        model.compile(optimizer=hvd.DistributedOptimizer(OPTIMIZERS["new_sgd_momentum"](), cross_iteration=cross),
+                      loss="mse")
+        seen = per_batch[cross] = []
+        reader = tf_keras.callbacks.LambdaCallback(on_batch_end=lambda b, logs, seen=seen, model=model: seen.append(
+            (_parked(), model.get_weights())))
+        model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[reader])
+    n = len(model.trainable_variables)
+    assert [p for p, _ in per_batch[True]] == [n] * 2 * STEPS  # each batch's update pending when it ended
+    assert [p for p, _ in per_batch[False]] == [0] * 2 * STEPS
+    for (_, a), (_, b) in zip(per_batch[True], per_batch[False]):
+        _assert_same(a, b)
+
+
+def test_evaluate_and_predict_see_the_pending_update():
+    """Validation after each epoch (the epoch's last updates in flight), and predict and evaluate
+    right after fit, while the last step's updates are in flight; evaluate and predict also ran before fit, so tf_keras had
+    traced their functions before the variables had access hooks (they are traced again)."""
     x, y = _data()
     results = {}
     for cross in (True, False):
         model = _model()
-        model.compile(optimizer=hvd.DistributedOptimizer(tf_keras.optimizers.SGD(0.05, momentum=0.9),
+        model.compile(optimizer=hvd.DistributedOptimizer(OPTIMIZERS["legacy_sgd_momentum_lr"](),
                                                          cross_iteration=cross), loss="mse")
-        first = (model.evaluate(x, y, batch_size=B, verbose=0), model.predict(x, batch_size=B, verbose=0))
-        per_batch = []
-        reader = tf_keras.callbacks.LambdaCallback(on_batch_end=lambda b, logs: per_batch.append(model.get_weights()))
-        history = model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, callbacks=[reader],
-                            validation_data=(x, y))
+        first = model.evaluate(x, y, batch_size=B, verbose=0), model.predict(x, batch_size=B, verbose=0)
+        history = model.fit(x, y, batch_size=B, epochs=2, shuffle=False, verbose=0, validation_data=(x, y))
+        model.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
         parked = _parked()
-        after = (model.evaluate(x, y, batch_size=B, verbose=0), model.predict(x, batch_size=B, verbose=0))
-        results[cross] = first, per_batch, history.history, parked, after
+        after = model.predict(x, batch_size=B, verbose=0), model.evaluate(x, y, batch_size=B, verbose=0)
+        results[cross] = first, history.history, parked, after, _raw(model.trainable_variables)
     on, off = results[True], results[False]
-    assert on[3] == 0 and off[3] == 0  # the callback's last read applied the last step's updates
+    assert on[2] == len(model.trainable_variables) and off[2] == 0
     np.testing.assert_allclose(on[0][0], off[0][0], rtol=1e-6)
-    for a, b in zip(on[1], off[1]):
-        _assert_same(a, b)
-    np.testing.assert_allclose(on[2]["val_loss"], off[2]["val_loss"], rtol=1e-6)
-    np.testing.assert_allclose(on[2]["loss"], off[2]["loss"], rtol=1e-6)
-    np.testing.assert_allclose(on[4][0], off[4][0], rtol=1e-6)
-    _assert_same([on[4][1]], [off[4][1]])
-
-
-def test_evaluate_and_predict_right_after_fit_see_the_pending_update():
-    x, y = _data()
-    model_on, _, _, parked = _fit(OPTIMIZERS["legacy_sgd_momentum_lr"], cross=True)
-    assert parked == len(model_on.trainable_variables)
-    loss_on = model_on.evaluate(x, y, batch_size=B, verbose=0)  # applies them in its own function
-    assert _parked() == 0
-    model_off, _, _, _ = _fit(OPTIMIZERS["legacy_sgd_momentum_lr"], cross=False)
-    np.testing.assert_allclose(loss_on, model_off.evaluate(x, y, batch_size=B, verbose=0), rtol=1e-6)
-    _assert_same(_raw(model_on.trainable_variables), model_off.get_weights())
+    np.testing.assert_allclose(on[1]["val_loss"], off[1]["val_loss"], rtol=1e-6)
+    np.testing.assert_allclose(on[1]["loss"], off[1]["loss"], rtol=1e-6)
+    _assert_same([on[3][0]], [off[3][0]])
+    np.testing.assert_allclose(on[3][1], off[3][1], rtol=1e-6)
+    _assert_same(on[4], off[4])  # predict applied the updates in its own function
 
 
 @pytest.mark.parametrize("fmt", ["model.h5", "savedmodel"])
