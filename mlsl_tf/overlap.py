@@ -14,7 +14,8 @@ iterations. So the update of variable i moves to just before variable i's next a
   runtime keeps the result under the collective's name) and advancing the iteration counter,
   as Keras does.
 - Every variable the optimizer updates gets an access hook (its class is swapped for a subclass
-  whose `value` and `assign*` call the hook first). In a traced function the first access of
+  whose `value` and `assign*` call the hook first; a tf_keras resource variable's reads and
+  gathers as well). In a traced function the first access of
   the variable in each graph, and the first after a start, is preceded by MlslTakeResult and,
   under a tf.cond on its `found` output, the optimizer's own update of that one variable
   (loss-scale unscaling, clipnorm/clipvalue, weight decay, update_step, constraint) with the
@@ -35,6 +36,10 @@ before), so that graph applies synchronously; creating this optimizer's step var
 makes tf.function trace once more for later calls, and that trace is deferred. Optimizers whose
 update needs every gradient at once (global_clipnorm, gradient accumulation, EMA, loss-scale
 optimizers, classes overriding the update path) always apply synchronously.
+
+Keras 3 and tf_keras (Keras 2) optimizers alike: a Deferral reaches its optimizer only through
+`_compat(optimizer)`, keras3_compat or keras2_compat, which have the same functions (the tf_keras
+side, and how its wrapper hands gradients over: mlsl_tf/optimizer/keras2.py).
 MLSL_TF_CROSS_ITERATION=0 (or cross_iteration=False on DistributedOptimizer /
 DistributedGradientTape) turns the mechanism off.
 """
