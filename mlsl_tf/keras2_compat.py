@@ -15,28 +15,19 @@ OptimizerV2) followed by `apply_gradients`. GradientHooks answers both and passe
 optimizer computed through the subclass's `_mlsl_allreduce(grads, variables)`, so
 `opt._compute_gradients(...)` returns reduced gradients, as in Horovod.
 
-Private tf_keras members relied on, all here and nowhere else in mlsl_tf (PRIVATE_MEMBERS;
-tests/unit/test_keras_contract.py checks each against the installed tf_keras):
-- legacy OptimizerV2: `_compute_gradients(loss, var_list, grad_loss=, tape=)` (overridden by
-  GradientHooks, and called through super), `_create_all_weights(var_list)` and `_name` (builds
-  the slots before a conditional apply, in the scope apply_gradients uses), `_slots` (var key ->
-  {slot name: var}), `_iterations` (whether it has state), `_momentum` (SGD uses momentum).
-- new Keras 2 optimizer (tf_keras.src.optimizers.optimizer): `_built` (whether it has state).
-  Otherwise only public members: compute_gradients, apply_gradients, build, iterations,
-  variables, learning_rate, momentums (SGD).
-- an optimizer's `__class__` (swap_class: load_model re-wraps a loaded optimizer in place).
-- tf_keras' CallbackList calls `_implements_{train,test,predict}_batch_hooks()` on every
-  callback (CallbackHooks answers them).
-- class paths: tf_keras.src.optimizers.legacy.optimizer_v2.OptimizerV2,
-  tf_keras.src.optimizers.optimizer.Optimizer, tf_keras.src.engine.base_layer.Layer.
-- BatchNormalization's `_calculate_mean_and_var(inputs, reduction_axes, keep_dims, mask=None)`
-  (overridden by batch_normalization_moments_base, for SyncBatchNormalization).
+Cross-iteration overlap (mlsl_tf/overlap.py) splits a tf_keras optimizer's update per variable
+here (update_variable, step_values, ...: the functions keras3_compat has for Keras 3) and hooks
+the reads and writes of resource variables (hook_variable_accesses).
+
+Private tf_keras (and TensorFlow) members relied on, all here and nowhere else in mlsl_tf:
+PRIVATE_MEMBERS, each with its user; tests/unit/test_keras_contract.py checks each against the
+installed tf_keras. Besides those: an optimizer's or variable's `__class__` (swap_class,
+hook_variable_accesses).
 """
 
-import json
+import contextlib
 import os
 import sys
-import zipfile
 
 import tensorflow as tf
 
@@ -47,6 +38,7 @@ LEGACY_SGD = "tf_keras.src.optimizers.legacy.gradient_descent.SGD"
 NEW_OPTIMIZER = "tf_keras.src.optimizers.optimizer.Optimizer"
 BATCH_NORMALIZATION = "tf_keras.layers.BatchNormalization"
 CALLBACK = "tf_keras.callbacks.Callback"
+RESOURCE_VARIABLE = "tensorflow.python.ops.resource_variable_ops.BaseResourceVariable"
 PRIVATE_MEMBERS = (
     ("tf_keras.src.optimizers.legacy.optimizer_v2", "OptimizerV2", "class", "optimizer_base_classes"),
     ("tf_keras.src.optimizers.optimizer", "Optimizer", "class", "optimizer_base_classes"),
@@ -64,6 +56,32 @@ PRIVATE_MEMBERS = (
     (CALLBACK, "_implements_predict_batch_hooks", (), "CallbackHooks (answered for tf_keras' CallbackList)"),
     (BATCH_NORMALIZATION, "_calculate_mean_and_var", ("inputs", "reduction_axes", "keep_dims", "mask"),
      "batch_normalization_moments_base (overridden)"),
+    # cross-iteration overlap
+    (OPTIMIZER_V2, "_transform_gradients", ("grads_and_vars",), "update_variable, why_not_deferred"),
+    (OPTIMIZER_V2, "_prepare", ("var_list",), "update_variable, why_not_deferred"),
+    (OPTIMIZER_V2, "_resource_apply_dense", ("grad", "handle", "apply_state"), "update_variable"),
+    (OPTIMIZER_V2, "_get_hyper", ("name", "dtype"), "step_learning_rate"),
+    (OPTIMIZER_V2, "_distributed_apply", ("distribution", "grads_and_vars", "apply_state"), "why_not_deferred"),
+    (LEGACY_SGD, "_hyper", "attribute", "step_values, step_learning_rate, step_state_ids"),
+    (LEGACY_SGD, "_dense_apply_args", "attribute", "update_variable"),
+    (LEGACY_SGD, "_sparse_apply_args", "attribute", "update_variable"),
+    (OPTIMIZER_V2, "_resource_apply_sparse_duplicate_indices", ("grad", "handle", "indices"), "update_variable"),
+    (NEW_OPTIMIZER, "_deduplicate_sparse_grad", ("grads",), "update_variable"),
+    (NEW_OPTIMIZER, "_iterations", "attribute", "step_values, step_state_ids"),
+    (NEW_OPTIMIZER, "_learning_rate", "attribute", "step_values, step_state_ids"),
+    (NEW_OPTIMIZER, "_compute_current_learning_rate", (), "step_learning_rate"),
+    (NEW_OPTIMIZER, "_clip_gradients", ("grads",), "update_variable"),
+    (NEW_OPTIMIZER, "_apply_weight_decay", ("variables",), "update_variable"),
+    (NEW_OPTIMIZER, "_update_step", ("gradient", "variable"), "update_variable"),
+    (NEW_OPTIMIZER, "_update_step_xla", ("gradient", "variable", "key"), "update_variable"),
+    (NEW_OPTIMIZER, "_var_key", ("variable",), "update_variable"),
+    (NEW_OPTIMIZER, "_internal_apply_gradients", ("grads_and_vars",), "why_not_deferred"),
+    ("tf_keras.src.optimizers.utils", "filter_empty_gradients", "function", "filter_empty_gradients"),
+    ("tf_keras.src.optimizers.utils", "all_reduce_sum_gradients", "function", "why_not_deferred"),
+    (RESOURCE_VARIABLE, "_read_variable_op", ("no_copy",), "hook_variable_accesses"),
+    (RESOURCE_VARIABLE, "sparse_read", ("indices",), "hook_variable_accesses"),
+    (RESOURCE_VARIABLE, "gather_nd", ("indices",), "hook_variable_accesses"),
+    ("tensorflow.python.saved_model.save_context", "in_save_context", "function", "exporting"),
 )
 
 def _tf_keras():
@@ -192,28 +210,6 @@ def swap_class(optimizer, cls):
 
 
 
-def saved_by_keras2(filepath):
-    """Whether the model file was written by Keras 2: a SavedModel directory (Keras 3 writes
-    none), or an .h5 / .keras file whose recorded keras_version is 2.x."""
-    path = os.fspath(filepath)
-    if os.path.isdir(path):
-        return True
-    version = ""
-    try:
-        if path.endswith(".keras"):
-            with zipfile.ZipFile(path) as archive:
-                version = json.loads(archive.read("metadata.json")).get("keras_version", "")
-        else:
-            import h5py
-            with h5py.File(path, "r") as f:
-                version = f.attrs.get("keras_version", "")
-    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
-        return False
-    if isinstance(version, bytes):
-        version = version.decode()
-    return str(version).startswith("2.")
-
-
 def follow_interactive_logging():
     """Gives tf_keras' progress-output switch (per thread, as Keras 3's) Keras 3's setting, when
     tf_keras is in use (imported, or `tf.keras` under TF_USE_LEGACY_KERAS=1)."""
@@ -268,3 +264,186 @@ def batch_normalization_moments_base():
 
         _moments_base.append(BatchNormalizationMoments)
     return _moments_base[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# cross-iteration overlap (mlsl_tf/overlap.py): the per-variable update of a tf_keras optimizer,
+# the same functions as keras3_compat's
+
+# The methods a tf_keras optimizer's per-variable update goes through (legacy, new): a class
+# overriding one may need every gradient at once, so its update cannot be split per variable.
+LEGACY_UPDATE_PATH = ("apply_gradients", "_distributed_apply", "_transform_unaggregated_gradients",
+                      "_aggregate_gradients", "_transform_gradients", "_prepare", "_decayed_lr")
+NEW_UPDATE_PATH = ("apply_gradients", "_internal_apply_gradients", "_distributed_apply_gradients_fn",
+                   "_apply_weight_decay", "_clip_gradients", "_update_step", "_update_step_xla",
+                   "_compute_current_learning_rate")
+
+
+def why_not_deferred(optimizer, cls):
+    """'' when the tf_keras `optimizer`'s update can be split per variable, else the reason;
+    `cls`: the class whose update path runs."""
+    from tf_keras.src.optimizers import utils
+    legacy = is_legacy_optimizer(optimizer)
+    base = optimizer_base_classes()[0 if legacy else 1]
+    if "LossScaleOptimizer" in cls.__name__:
+        return "LossScaleOptimizer checks every gradient before applying any"
+    for method in LEGACY_UPDATE_PATH if legacy else NEW_UPDATE_PATH:
+        if getattr(cls, method, None) is not getattr(base, method, None):
+            return f"{cls.__name__} overrides {method}"
+    if getattr(optimizer, "global_clipnorm", None):
+        return "global_clipnorm needs every gradient at once"
+    if tf.distribute.has_strategy():
+        return "a tf.distribute strategy is in scope"
+    if legacy and (optimizer.gradient_transformers or optimizer.gradient_aggregator
+                   is not utils.all_reduce_sum_gradients):
+        return "gradient_transformers / gradient_aggregator see every gradient at once"
+    if not legacy and getattr(optimizer, "use_ema", False):
+        return "use_ema updates every variable's average together"
+    return ""
+
+
+def hookable(var):
+    """Whether hook_variable_accesses can hook `var` (not a mixed-precision AutoCastVariable)."""
+    from tensorflow.python.ops.resource_variable_ops import BaseResourceVariable
+    return isinstance(var, BaseResourceVariable)
+
+
+def resource_handle(var):
+    return var.handle
+
+
+def no_autocast():  # hookable variables are never AutoCastVariables
+    return contextlib.nullcontext()
+
+
+def computing_shapes_only():  # tf_keras has no stateless scope
+    return False
+
+
+def exporting():
+    """A SavedModel is being traced (its functions must not take deferred results)."""
+    from tensorflow.python.saved_model import save_context
+    return not tf.executing_eagerly() and save_context.in_save_context()
+
+
+def iterations_variable(optimizer):
+    return optimizer.iterations
+
+
+def advance_iterations(optimizer):
+    optimizer.iterations.assign_add(1)
+
+
+def learning_rate_dtype(_optimizer):
+    return _tf_keras().backend.floatx()
+
+
+def optimizer_scope(optimizer):
+    return tf.name_scope(optimizer._name if is_legacy_optimizer(optimizer) else optimizer.name)
+
+
+def step_state_ids(optimizer):
+    """ids of the optimizer variables that are not per-variable state: iterations, learning
+    rate and the other hyperparameters."""
+    if is_legacy_optimizer(optimizer):
+        return {id(optimizer.iterations)} | {id(v) for v in optimizer._hyper.values() if isinstance(v, tf.Variable)}
+    return {id(v) for v in (optimizer._iterations, optimizer._learning_rate,
+                            getattr(optimizer, "_current_learning_rate", None)) if isinstance(v, tf.Variable)}
+
+
+def step_learning_rate(optimizer):
+    """The learning rate of this step's update, before a legacy optimizer's `decay` (applied at
+    the recorded iteration): a schedule's value at the current iteration."""
+    if is_legacy_optimizer(optimizer):
+        lr = optimizer._hyper["learning_rate"]
+        if isinstance(lr, _tf_keras().optimizers.schedules.LearningRateSchedule):
+            return lr(tf.cast(optimizer.iterations, learning_rate_dtype(optimizer)))
+        return optimizer._get_hyper("learning_rate")
+    optimizer._compute_current_learning_rate()  # as apply_gradients does first
+    return optimizer.learning_rate
+
+
+@contextlib.contextmanager
+def step_values(optimizer, iteration, learning_rate):
+    """Within: the optimizer reads `iteration` and `learning_rate` (variables) as its step counter
+    and learning rate."""
+    legacy = is_legacy_optimizer(optimizer)
+    saved = optimizer._iterations, optimizer._hyper["learning_rate"] if legacy else optimizer._learning_rate
+    object.__setattr__(optimizer, "_iterations", iteration)
+    if legacy:
+        optimizer._hyper["learning_rate"] = learning_rate
+    else:
+        object.__setattr__(optimizer, "_learning_rate", learning_rate)
+    try:
+        yield
+    finally:
+        object.__setattr__(optimizer, "_iterations", saved[0])
+        if legacy:
+            optimizer._hyper["learning_rate"] = saved[1]
+        else:
+            object.__setattr__(optimizer, "_learning_rate", saved[1])
+
+
+def filter_empty_gradients(_optimizer, grads, variables):
+    from tf_keras.src.optimizers import utils
+    pairs = list(utils.filter_empty_gradients(list(zip(grads, variables))))
+    return [g for g, _ in pairs], [v for _, v in pairs]
+
+
+def update_variable(optimizer, grad, var):
+    """The optimizer's update of `var` alone, as its apply_gradients makes it: clipnorm /
+    clipvalue, (new optimizers) weight decay, the update step, the constraint."""
+    if is_legacy_optimizer(optimizer):
+        (grad, _), = optimizer._transform_gradients([(grad, var)])
+        sparse = isinstance(grad, tf.IndexedSlices)
+        args = optimizer._sparse_apply_args if sparse else optimizer._dense_apply_args
+        kwargs = {"apply_state": optimizer._prepare([var])} if "apply_state" in args else {}
+        if sparse:
+            optimizer._resource_apply_sparse_duplicate_indices(grad.values, var, grad.indices, **kwargs)
+            return
+        update = optimizer._resource_apply_dense(grad, var, **kwargs)
+        if var.constraint is not None:
+            with tf.control_dependencies([update]):
+                var.assign(var.constraint(var))
+        return
+    grad = optimizer._deduplicate_sparse_grad(optimizer._clip_gradients([grad]))[0]
+    optimizer._apply_weight_decay([var])
+    if optimizer.jit_compile:  # its own trace (key): the step values are captured when traced
+        optimizer._update_step_xla(grad, var, -1 - id(optimizer._var_key(var)))
+    else:
+        optimizer._update_step(grad, var)
+    if var.constraint is not None:
+        var.assign(var.constraint(var))
+
+
+_hooked_classes = {}  # (variable class, hook) -> its hooked subclass
+_hook_generation = [0]  # variables hooked so far: model functions traced before are retraced
+_READS_AND_WRITES = ("_read_variable_op", "sparse_read", "gather_nd", "assign", "assign_add", "assign_sub")
+
+
+def hook_variable_accesses(var, before_access):
+    """Makes every read (`value`, `read_value`, `numpy`, conversion, gathers: all go through
+    `_read_variable_op` or a gather) and every assign* of the resource variable `var` call
+    `before_access(var)` first. Per variable: its class becomes a subclass of its own class."""
+    cls = type(var)
+    if getattr(cls, "_mlsl_before_access", None) is not None:
+        if cls._mlsl_before_access is not before_access:
+            raise ValueError(f"variable {var.name!r} already has another access hook")
+        return
+    hooked = _hooked_classes.get((cls, before_access))
+    if hooked is None:
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__,
+                     "_mlsl_before_access": staticmethod(before_access)}
+        for method in _READS_AND_WRITES:
+            def call(self, *args, _base=getattr(cls, method), **kwargs):
+                before_access(self)
+                return _base(self, *args, **kwargs)
+            namespace[method] = call
+        hooked = _hooked_classes[(cls, before_access)] = type(cls.__name__, (cls,), namespace)
+    var.__class__ = hooked
+    _hook_generation[0] += 1
+
+
+def hook_generation():
+    """How many variables got their access hook so far (functions traced before may lack takes)."""
+    return _hook_generation[0]

@@ -189,6 +189,25 @@ def advance_iterations(optimizer):
     optimizer._iterations.assign_add(1)
 
 
+def step_learning_rate(optimizer):
+    """The learning rate this step's update uses (a schedule's value at the current iteration)."""
+    return optimizer.learning_rate
+
+
+def optimizer_scope(optimizer):
+    return keras.name_scope(optimizer.name, caller=optimizer)
+
+
+def hookable(var):
+    """Whether hook_variable_accesses can hook `var` (a Keras variable)."""
+    return isinstance(var, keras.Variable)
+
+
+def exporting():
+    """Whether a SavedModel export is tracing (tf_keras only; Keras 3 reads nothing then)."""
+    return False
+
+
 def computing_shapes_only():
     """Keras is only computing shapes (a stateless or symbolic scope): no real reads happen."""
     from keras.src.backend.common.stateless_scope import in_stateless_scope

@@ -14,7 +14,8 @@ iterations. So the update of variable i moves to just before variable i's next a
   runtime keeps the result under the collective's name) and advancing the iteration counter,
   as Keras does.
 - Every variable the optimizer updates gets an access hook (its class is swapped for a subclass
-  whose `value` and `assign*` call the hook first). In a traced function the first access of
+  whose `value` and `assign*` call the hook first; a tf_keras resource variable's reads and
+  gathers as well). In a traced function the first access of
   the variable in each graph, and the first after a start, is preceded by MlslTakeResult and,
   under a tf.cond on its `found` output, the optimizer's own update of that one variable
   (loss-scale unscaling, clipnorm/clipvalue, weight decay, update_step, constraint) with the
@@ -35,6 +36,10 @@ before), so that graph applies synchronously; creating this optimizer's step var
 makes tf.function trace once more for later calls, and that trace is deferred. Optimizers whose
 update needs every gradient at once (global_clipnorm, gradient accumulation, EMA, loss-scale
 optimizers, classes overriding the update path) always apply synchronously.
+
+Keras 3 and tf_keras (Keras 2) optimizers alike: a Deferral reaches its optimizer only through
+`_compat(optimizer)`, keras3_compat or keras2_compat, which have the same functions (the tf_keras
+side, and how its wrapper hands gradients over: mlsl_tf/optimizer/keras2.py).
 MLSL_TF_CROSS_ITERATION=0 (or cross_iteration=False on DistributedOptimizer /
 DistributedGradientTape) turns the mechanism off.
 """
@@ -46,7 +51,7 @@ import weakref
 
 import tensorflow as tf
 
-from mlsl_tf import _library, basics, keras3_compat
+from mlsl_tf import _library, basics, keras2_compat, keras3_compat
 from mlsl_tf.ops import group_id_of
 
 SETTING = "MLSL_TF_CROSS_ITERATION"
@@ -72,6 +77,12 @@ def _ops():
 def _keras():
     import keras
     return keras
+
+
+def _compat(optimizer):
+    """The compat module of `optimizer`'s Keras (tf_keras or Keras 3): the seam every private
+    member the deferred update relies on goes through."""
+    return keras2_compat if keras2_compat.is_keras2(optimizer) else keras3_compat
 
 
 @contextlib.contextmanager
@@ -100,8 +111,10 @@ def _not_recorded():
 def why_not_deferred(optimizer, cls=None):
     """'' when `optimizer`'s update can be split per variable and deferred, else the reason.
     `cls`: the class whose update path runs (DistributedOptimizer passes the wrapped class)."""
-    keras = _keras()
     cls = cls or type(optimizer)
+    if keras2_compat.is_keras2(optimizer):
+        return keras2_compat.why_not_deferred(optimizer, cls)
+    keras = _keras()
     base = keras.optimizers.Optimizer
     if not isinstance(optimizer, base):
         return "not a Keras 3 optimizer"
@@ -129,9 +142,10 @@ def _graph_and_outer_graphs():
 class _Record:
     """A variable whose update is deferred: the collective carrying its gradient."""
 
-    __slots__ = ("deferral", "name", "priority", "options", "wire_dtype", "ctx", "graph")
+    __slots__ = ("deferral", "variable", "name", "priority", "options", "wire_dtype", "ctx", "graph")
 
-    def before_access(self, var):
+    def before_access(self, _hooked=None):
+        var = self.variable
         if tf.executing_eagerly():
             if _library.c_api().mlsl_tf_parked() > 0:
                 self.deferral.take_and_apply(var, self)
@@ -147,7 +161,7 @@ class _StateRecord:
 
     __slots__ = ("deferral",)
 
-    def before_access(self, var):
+    def before_access(self, _hooked=None):
         if tf.executing_eagerly() and _library.c_api().mlsl_tf_parked() > 0:
             self.deferral.flush()
 
@@ -159,9 +173,14 @@ def _before_access(var):
     busy = getattr(_local, "busy", None)
     if busy and id(record.deferral) in busy:
         return
-    if keras3_compat.computing_shapes_only():
+    compat = record.deferral.compat
+    if compat.computing_shapes_only():
         return
-    record.before_access(var)
+    if compat.exporting():  # a SavedModel's functions get no takes: what is pending is applied now
+        with tf.init_scope():
+            record.before_access()
+        return
+    record.before_access()
 
 
 def _hook(var, record):
@@ -170,7 +189,7 @@ def _hook(var, record):
         raise ValueError(f"variable {getattr(var, 'path', var.name)!r} is already updated by another optimizer "
                          "with cross-iteration overlap; an optimizer's variables must be its own")
     var._mlsl_record = record
-    keras3_compat.hook_variable_accesses(var, _before_access)
+    record.deferral.compat.hook_variable_accesses(var, _before_access)
 
 
 class _Offer:
@@ -241,6 +260,7 @@ class Deferral:
         _prefixes[prefix] = count + 1
         self.prefix = f"{prefix}.deferred" + (f".{count}" if count else "")
         self.optimizer = optimizer
+        self.compat = _compat(optimizer)
         self.records = {}  # id(variable) -> _Record
         self.variables = []
         self.iteration = self.learning_rate = None
@@ -263,9 +283,9 @@ class Deferral:
         calls); not tracked, so saved files are unchanged."""
         if self.iteration is not None:
             return
-        opt = self.optimizer
-        lr_dtype = keras3_compat.learning_rate_dtype(opt)
-        iteration_dtype = keras3_compat.iterations_variable(opt).dtype
+        opt, compat = self.optimizer, self.compat
+        lr_dtype = compat.learning_rate_dtype(opt)
+        iteration_dtype = compat.iterations_variable(opt).dtype
 
         def make(variable=tf.Variable):
             return (variable(0, dtype=iteration_dtype, trainable=False, name="mlsl_step_iteration"),
@@ -279,15 +299,15 @@ class Deferral:
                 self.iteration, self.learning_rate = make(ResourceVariable)
         state = _StateRecord()
         state.deferral = self
-        skip = keras3_compat.step_state_ids(opt)
-        for v in opt.variables:
-            if id(v) not in skip and v.__dict__.get("_mlsl_record") is None and isinstance(v, _keras().Variable):
+        skip = compat.step_state_ids(opt)
+        for v in compat.optimizer_variables(opt):
+            if id(v) not in skip and v.__dict__.get("_mlsl_record") is None and compat.hookable(v):
                 _hook(v, state)
 
     def register(self, var, options, priority):
         """`var`'s gradient is reduced as `options` say, with `priority`, and applied later."""
         record = _Record()
-        record.deferral = self
+        record.deferral, record.variable = self, var
         record.name = f"{self.prefix}.grad.{len(self.variables)}"
         record.priority = int(priority)
         record.options = options
@@ -310,15 +330,15 @@ class Deferral:
 
     def _update(self, grad, var):
         """The optimizer's update of `var` alone, as its apply() would make it."""
-        opt = self.optimizer
-        with keras3_compat.step_values(opt, self.iteration, self.learning_rate), keras3_compat.no_autocast(), \
-                _keras().name_scope(opt.name, caller=opt):
-            keras3_compat.update_variable(opt, grad, var)
+        opt, compat = self.optimizer, self.compat
+        with compat.step_values(opt, self.iteration, self.learning_rate), compat.no_autocast(), \
+                compat.optimizer_scope(opt):
+            compat.update_variable(opt, grad, var)
 
     def take_and_apply(self, var, record):
         """Waits for `var`'s reduced gradient, if one was started, and applies it."""
         with _busy(self), _not_recorded(), tf.name_scope("mlsl_deferred_update"):
-            found, grad = _ops().mlsl_take_result(keras3_compat.resource_handle(var), T=record.wire_dtype,
+            found, grad = _ops().mlsl_take_result(self.compat.resource_handle(var), T=record.wire_dtype,
                                                   shape=var.shape,
                                                   tensor_name=record.name)
 
@@ -337,22 +357,32 @@ class Deferral:
         for var in list(self.variables):
             self.take_and_apply(var, self.records[id(var)])
 
+    def settle(self):
+        """Every update still pending is applied before what follows (it reads the recorded step
+        values): in a traced step the forward pass has taken them already (nothing to add); an
+        optimizer applied twice in one step waits here for its first reductions."""
+        for var in self.variables:
+            _before_access(var)
+
+    @contextlib.contextmanager
+    def in_step(self):
+        """Around an update the optimizer applies itself, in the step: every pending update goes
+        first, and its own reads and writes of the variables take nothing."""
+        self.settle()
+        with _busy(self):
+            yield
+
     def apply(self, items):
         """One step: `items` are (gradient, variable, options, priority); with options, the
         local gradient to reduce and apply later; without, a reduced one to apply now."""
-        opt = self.optimizer
-        keras = _keras()
-        grads, variables = keras3_compat.filter_empty_gradients(opt, [i[0] for i in items], [i[1] for i in items])
+        opt, compat = self.optimizer, self.compat
+        grads, variables = compat.filter_empty_gradients(opt, [i[0] for i in items], [i[1] for i in items])
         by_var = {id(i[1]): i for i in items}
         items = [(g,) + by_var[id(v)][1:] for g, v in zip(grads, variables)]
-        # Every update still pending reads the recorded step values, so all go before they are
-        # overwritten: in a traced step the forward pass has taken them already (nothing to
-        # add); an optimizer applied twice in one step waits here for its first reductions.
-        for var in self.variables:
-            _before_access(var)
-        with _busy(self), keras.name_scope(opt.name, caller=opt):
-            self.iteration.assign(keras3_compat.iterations_variable(opt))
-            self.learning_rate.assign(tf.cast(opt.learning_rate, self.learning_rate.dtype))
+        self.settle()
+        with _busy(self), compat.optimizer_scope(opt):
+            self.iteration.assign(compat.iterations_variable(opt))
+            self.learning_rate.assign(tf.cast(compat.step_learning_rate(opt), self.learning_rate.dtype))
             for grad, var, options, priority in items:
                 if options is None:
                     self._update(grad, var)
@@ -360,14 +390,14 @@ class Deferral:
                     self._update(options.reduce([grad], [priority])[0], var)
                 else:
                     self._start(grad, var, options, priority)
-            keras3_compat.advance_iterations(opt)
+            compat.advance_iterations(opt)
 
     def _start(self, grad, var, options, priority):
         record = self.records[id(var)]
         compressed, _ = options.compression.compress(tf.convert_to_tensor(grad))
         prescale, postscale = options._scale_factors()
         _ops().mlsl_start_allreduce(
-            compressed, keras3_compat.resource_handle(var), reduce_op=options.op, prescale_factor=prescale,
+            compressed, self.compat.resource_handle(var), reduce_op=options.op, prescale_factor=prescale,
             postscale_factor=postscale, tensor_name=record.name, priority=record.priority,
             process_set_id=group_id_of(options.process_set), wire_dtype=options.compression.wire)
         if not tf.executing_eagerly():

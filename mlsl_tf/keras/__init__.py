@@ -10,6 +10,10 @@ mlsl_tf.init(), sends it to absl logging (not shown by default) on the other ran
 `model.fit(..., verbose=1)` needs no `if hvd.rank() == 0`. `set_progress_output("all")` asks for
 it on every rank again."""
 
+import json
+import os
+import zipfile
+
 from mlsl_tf import basics, groups, keras2_compat, keras3_compat
 from mlsl_tf.basics import (cross_rank, cross_size, is_initialized, local_rank, local_size, mpi_threads_supported,
                             rank, shutdown, size)
@@ -54,6 +58,28 @@ def PartialDistributedOptimizer(optimizer, name=None, device_dense="", device_sp
     return opt
 
 
+def saved_by_keras2(filepath):
+    """Whether the model file was written by Keras 2: a SavedModel directory (Keras 3 writes
+    none), or an .h5 / .keras file whose recorded keras_version is 2.x."""
+    path = os.fspath(filepath)
+    if os.path.isdir(path):
+        return True
+    version = ""
+    try:
+        if path.endswith(".keras"):
+            with zipfile.ZipFile(path) as archive:
+                version = json.loads(archive.read("metadata.json")).get("keras_version", "")
+        else:
+            import h5py
+            with h5py.File(path, "r") as f:
+                version = f.attrs.get("keras_version", "")
+    except (OSError, KeyError, ValueError, zipfile.BadZipFile):
+        return False
+    if isinstance(version, bytes):
+        version = version.decode()
+    return str(version).startswith("2.")
+
+
 def load_model(filepath, custom_optimizers=None, custom_objects=None, compression=Compression.none, **kwargs):
     """Loads a model saved with `model.save` and makes its optimizer distributed, state included:
     the optimizer loaded by Keras becomes a DistributedOptimizer in place, so iteration count,
@@ -67,7 +93,7 @@ def load_model(filepath, custom_optimizers=None, custom_objects=None, compressio
     objects = dict(custom_objects or {})
     for cls in custom_optimizers or []:
         objects.setdefault(cls.__name__, cls)
-    compat = keras2_compat if keras2_compat.available() and keras2_compat.saved_by_keras2(filepath) else keras3_compat
+    compat = keras2_compat if keras2_compat.available() and saved_by_keras2(filepath) else keras3_compat
     model = compat.load_model(filepath, custom_objects=objects or None)
     if getattr(model, "optimizer", None) is not None:
         DistributedOptimizer(model.optimizer, compression=compression, _in_place=True, **kwargs)

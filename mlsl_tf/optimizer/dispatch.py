@@ -33,7 +33,7 @@ def keras_optimizer(optimizer, name=None, device_dense="", device_sparse="", com
     """Returns a copy of the Keras 3 `optimizer` (same class, config and, if built, state) whose
     `apply`/`apply_gradients` first reduce the gradients over all ranks. A Keras 2 (tf_keras)
     optimizer, legacy or new, gets Horovod's Keras 2 wrapper instead (mlsl_tf/optimizer/keras2.py):
-    gradients reduced where they are computed, updates inside the step.
+    gradients reduced where they are computed, with cross-iteration overlap as for Keras 3.
 
     name: prefix of the collectives' names (default "DistributedOptimizer").
     compression: Compression.none or .fp16, applied around each allreduce.
@@ -62,8 +62,7 @@ def keras_optimizer(optimizer, name=None, device_dense="", device_sparse="", com
                             device_dense, device_sparse)
     if keras2_compat.is_keras2(optimizer):
         return keras2.distributed_optimizer(optimizer, options, backward_passes_per_step, average_aggregated_gradients,
-                                            scale_local_gradients, _in_place,
-                                            overlap_wanted=overlap.enabled(cross_iteration))
+                                            scale_local_gradients, _in_place, cross_iteration)
     return keras3.distributed_optimizer(optimizer, options, backward_passes_per_step, average_aggregated_gradients,
                                         cross_iteration, scale_local_gradients, _in_place)
 

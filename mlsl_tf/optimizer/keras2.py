@@ -12,20 +12,26 @@ mean, with average_aggregated_gradients) is reduced and applied, the other passe
 `iterations`, as Horovod does. Gradient i (position in the variable list, forward order) is the
 collective `{name}.grad.{i}` with priority i (mlsl_tf/optimizer/reduce.py).
 
-No cross-iteration overlap under Keras 2: the update happens inside the step (logged once).
-Every private tf_keras member this relies on is used in mlsl_tf/keras2_compat.py. The public
-entry point is mlsl_tf/optimizer/dispatch.py.
+Cross-iteration overlap (mlsl_tf/overlap.py), as for Keras 3: apply_gradients starts each
+gradient's reduction and returns; each variable's update is applied just before its next read.
+In a traced step the reductions compute_gradients made are offered back: a gradient that reaches
+apply_gradients unchanged is reduced by the deferred collective instead (the unused allreduce is
+pruned from the function); a plain tape's gradient is deferred as it is; one changed after its
+reduction (a LossScaleOptimizer's unscaling, user clipping), or reduced eagerly, is applied in the
+step. Optimizers whose update needs every gradient at once apply in the step, with one log line
+(keras2_compat.why_not_deferred). Every private tf_keras member this relies on is used in
+mlsl_tf/keras2_compat.py. The public entry point is mlsl_tf/optimizer/dispatch.py.
 """
 
+import contextlib
 import logging
 
 import tensorflow as tf
 
-from mlsl_tf import keras2_compat
+from mlsl_tf import keras2_compat, overlap
 from mlsl_tf.groups import check_reduction_group
 
 _log = logging.getLogger("mlsl_tf")
-_logged_synchronous = []
 
 
 class _AggregationHelper:
@@ -57,6 +63,7 @@ class _Keras2DistributedOptimizer(keras2_compat.GradientHooks):
     _mlsl_passes = 1
     _mlsl_average_aggregated = False
     _mlsl_scale_local = True
+    _mlsl_cross_iteration = None
 
     # -- Horovod-visible state, made on first use (a load_model re-wrap swaps the class in place)
     @property
@@ -110,10 +117,13 @@ class _Keras2DistributedOptimizer(keras2_compat.GradientHooks):
         else:
             out = self._mlsl_aggregate(grads, variables)
         marks = self._mlsl_reduced_ids()
-        for g, v in zip(out, variables):
+        offers = marks.setdefault("offers", {})
+        for g, v, local in zip(out, variables, grads):
             if g is not None:
                 marks[id(g)] = g
                 marks["vars"][id(v)] = v
+                if self._mlsl_passes <= 1 and g is not local and not tf.executing_eagerly():
+                    offers[id(g)] = (g, local)  # not run yet: the deferral may reduce `local` instead
         return out
 
     def _mlsl_aggregate(self, grads, variables):
@@ -164,6 +174,67 @@ class _Keras2DistributedOptimizer(keras2_compat.GradientHooks):
         # them between compute_gradients and apply_gradients. Reducing those again would make a
         # Sum size^2 times the gradient.
         ours = [g is None or marks.get(id(g)) is g or marks["vars"].get(id(v)) is v for g, v in zip(grads, variables)]
+        deferral = self._mlsl_deferral_for(grads, variables)
+        if deferral is not None and deferral.fresh_in_this_graph(variables):
+            deferral = None  # this graph read the variables before they had hooks: in the step
+        items = self._mlsl_deferred_items(grads, variables, ours, marks) if deferral is not None else None
+        if items is not None:
+            deferral.apply(items)
+            return self.iterations
+        in_step = self.__dict__.get("_mlsl_deferral")
+        with in_step.in_step() if in_step is not None else contextlib.nullcontext():
+            return self._mlsl_apply_in_step(grads_and_vars, grads, variables, ours, args, kwargs)
+
+    def _mlsl_deferral_for(self, grads, variables):
+        """The optimizer's Deferral with `variables` registered (gradient p: priority p), made on
+        first use; None (and one log line) where the update stays in the step."""
+        if self._mlsl_passes > 1 or not overlap.enabled(self._mlsl_cross_iteration):
+            return None
+        reason = self.__dict__.get("_mlsl_in_step_reason")
+        if reason is None:
+            options = self._mlsl_options
+            reason = ("this rank is not in the process set" if not options.member() else
+                      "num_groups/groups fuse gradients across variables" if options.groups else
+                      "register_local_var: local variables" if self.__dict__.get("_mlsl_local_vars") else
+                      "a variable is not a resource variable (mixed precision?)"
+                      if not all(keras2_compat.hookable(v) for v in variables) else
+                      overlap.why_not_deferred(self, _base_class(self)))
+            object.__setattr__(self, "_mlsl_in_step_reason", reason)
+            if reason:
+                _log.info("mlsl_tf: %s applies synchronously: %s", type(self).__name__, reason)
+        if reason:
+            return None
+        present = [v for g, v in zip(grads, variables) if g is not None]
+        keras2_compat.build_optimizer(self, present if keras2_compat.is_legacy_optimizer(self) else variables)
+        deferral = overlap.Deferral.of(self, self._mlsl_options.name)
+        for p, v in enumerate(variables):
+            if id(v) not in deferral.records:
+                deferral.register(v, self._mlsl_options, p)
+        return deferral
+
+    def _mlsl_deferred_items(self, grads, variables, ours, marks):
+        """Deferral.apply's items: a gradient reduced by compute_gradients and not changed since
+        (its reduction not run yet: traced) or a plain tape's is reduced later; one changed after
+        its reduction is applied now. None when none can wait (one log line)."""
+        options, offers = self._mlsl_options, marks.get("offers", {})
+        items = []
+        for p, (g, v, mine) in enumerate(zip(grads, variables, ours)):
+            offer = offers.get(id(g)) if g is not None else None
+            if offer is not None and offer[0] is g and not isinstance(g, tf.IndexedSlices):
+                items.append((offer[1], v, options, p))
+            else:
+                items.append((g, v, None if mine else options, p))
+        if any(g is not None and o is not None for g, _, o, _ in items):
+            return items
+        if not self.__dict__.get("_mlsl_logged_in_step"):
+            object.__setattr__(self, "_mlsl_logged_in_step", True)
+            _log.info("mlsl_tf: %s applies in the step: its gradients were reduced already (eager) or changed "
+                      "after their reduction (a LossScaleOptimizer, clipping)", type(self).__name__)
+        return None
+
+    def _mlsl_apply_in_step(self, grads_and_vars, grads, variables, ours, args, kwargs):
+        """The update inside the step (Horovod's way): the gradients not reduced yet are reduced
+        (or aggregated) here, then applied."""
         if not all(ours):  # gradients of a plain tape: reduce (aggregate) those here, only those
             reduced = self._mlsl_allreduce([None if o else g for g, o in zip(grads, ours)], variables)
             grads = [g if o else r for g, o, r in zip(grads, ours, reduced)]
@@ -185,13 +256,6 @@ class _Keras2DistributedOptimizer(keras2_compat.GradientHooks):
         return tf.cond(tf.equal(self._agg_helper.counter, 0), apply, skip)
 
 
-def _note_synchronous(name):
-    if not _logged_synchronous:
-        _logged_synchronous.append(name)
-        _log.info("mlsl_tf: %s (Keras 2) applies its updates inside the training step: cross-iteration "
-                  "overlap is for Keras 3 optimizers only", name)
-
-
 def is_distributed(optimizer):
     return isinstance(optimizer, _Keras2DistributedOptimizer)
 
@@ -204,13 +268,13 @@ def _base_class(optimizer):
 
 
 def distributed_optimizer(optimizer, options, backward_passes_per_step, average_aggregated_gradients,
-                          scale_local_gradients, in_place=False, overlap_wanted=False):
+                          scale_local_gradients, in_place=False, cross_iteration=None):
     """A copy of the tf_keras `optimizer` (same class name, module and config; with
-    in_place=True the optimizer itself) whose gradients are reduced as `options` say.
-    overlap_wanted: cross-iteration overlap is on, so say (once) that Keras 2 runs without it."""
+    in_place=True the optimizer itself) whose gradients are reduced as `options` say, with
+    cross-iteration overlap unless `cross_iteration` (default MLSL_TF_CROSS_ITERATION) is off."""
     base = _base_class(optimizer)
-    if overlap_wanted:
-        _note_synchronous(base.__name__)
+    if overlap.enabled(cross_iteration):
+        _install_function_cache_hook()
     cls = type(base.__name__, (_Keras2DistributedOptimizer, base), {
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,
@@ -219,6 +283,7 @@ def distributed_optimizer(optimizer, options, backward_passes_per_step, average_
         "_mlsl_passes": int(backward_passes_per_step),
         "_mlsl_average_aggregated": bool(average_aggregated_gradients),
         "_mlsl_scale_local": bool(scale_local_gradients),
+        "_mlsl_cross_iteration": cross_iteration,
     })
     if in_place:
         keras2_compat.swap_class(optimizer, cls)
@@ -227,3 +292,27 @@ def distributed_optimizer(optimizer, options, backward_passes_per_step, average_
         raise ValueError(f"DistributedOptimizer: the tf_keras optimizer {base.__name__} already has state (slots or "
                          "steps); wrap it before its first step (load_model re-wraps a loaded one with its state)")
     return cls.from_config(optimizer.get_config())
+
+
+def _install_function_cache_hook():
+    """tf_keras caches a model's test and predict functions (and builds its optimizer only at
+    the first training step): one traced before the variables got their access hooks reads them
+    without taking their deferred updates (evaluate or predict before fit). make_test_function
+    and make_predict_function then retrace it. Global, as tf_keras caches them on models mlsl_tf
+    never sees; idempotent; costs one retrace per function after variables got hooks."""
+    import tf_keras
+    for name, attribute in (("make_test_function", "test_function"), ("make_predict_function", "predict_function")):
+        current = getattr(tf_keras.Model, name)
+        if getattr(current, "_mlsl_cache_hook", False):
+            continue
+
+        def make(self, force=False, _current=current, _attribute=attribute):
+            made, now = self.__dict__.setdefault("_mlsl_made_at", {}), keras2_compat.hook_generation()
+            if getattr(self, _attribute, None) is not None and made.get(_attribute) != now:
+                force = True
+            made[_attribute] = now
+            return _current(self, force=force)
+
+        make._mlsl_cache_hook = True
+        make.__doc__ = current.__doc__
+        setattr(tf_keras.Model, name, make)

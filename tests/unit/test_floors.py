@@ -32,7 +32,7 @@ FLOORS = {
     "mlsl_tf.functions": 5,     # broadcast_variables, *_object
     "mlsl_tf.optimizer": 0,     # DistributedOptimizer's subpackage: a docstring, imports nothing
     "mlsl_tf.optimizer.reduce": 5,    # ReduceOptions: the reduction optimizers and tapes share
-    "mlsl_tf.optimizer.keras2": 5,    # DistributedOptimizer over Keras 2 (tf_keras) optimizers
+    "mlsl_tf.optimizer.keras2": 6,    # DistributedOptimizer over Keras 2 (tf_keras) optimizers (overlap too)
     "mlsl_tf.optimizer.keras3": 6,    # DistributedOptimizer over Keras 3 optimizers
     "mlsl_tf.optimizer.tf1": 6,       # DistributedOptimizer over TensorFlow 1 optimizers
     "mlsl_tf.optimizer.dispatch": 7,  # the public DistributedOptimizer: picks one of the three

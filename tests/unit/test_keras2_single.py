@@ -9,8 +9,7 @@ import pytest
 import tf_keras
 
 import mlsl_tf.keras as hvd
-from mlsl_tf import keras2_compat, keras_flavour
-from mlsl_tf.optimizer import keras2
+from mlsl_tf import _library, keras2_compat, keras_flavour
 
 hvd.init()
 
@@ -69,19 +68,24 @@ def test_saved_files_are_read_by_the_keras_that_wrote_them(tmp_path):
         model.save(os.fspath(tmp_path / name))
     for name in paths:
         path = os.fspath(tmp_path / name)
-        assert keras2_compat.saved_by_keras2(path) == name.startswith("k2"), name
+        assert hvd.saved_by_keras2(path) == name.startswith("k2"), name
         loaded = hvd.load_model(path)
         assert isinstance(loaded, tf_keras.Model if name.startswith("k2") else keras.Model), name
         assert hvd.is_distributed(loaded.optimizer), name
         np.testing.assert_array_equal(loaded.get_weights()[0], paths[name].get_weights()[0])
-    assert not keras2_compat.saved_by_keras2(os.fspath(tmp_path / "missing.h5"))
+    assert not hvd.saved_by_keras2(os.fspath(tmp_path / "missing.h5"))
 
 
-def test_no_overlap_under_keras2_is_logged_once(caplog):
-    keras2._logged_synchronous.clear()
+def test_overlap_is_on_under_keras2_and_a_fallback_is_logged_once(caplog):
+    model = _tf_keras_model()
+    assert _library.c_api().mlsl_tf_parked() == len(model.trainable_variables)  # fit returned, updates pending
+    model.get_weights()
+    assert _library.c_api().mlsl_tf_parked() == 0
+    tf_keras.utils.set_random_seed(0)
+    clipped = tf_keras.Sequential([tf_keras.layers.Dense(2, input_shape=(3,))])
+    clipped.compile(optimizer=hvd.DistributedOptimizer(tf_keras.optimizers.SGD(0.1, global_clipnorm=1.0)), loss="mse")
     with caplog.at_level("INFO", logger="mlsl_tf"):
-        hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), cross_iteration=False)
-        assert "inside the training step" not in caplog.text
         for _ in range(2):
-            hvd.DistributedOptimizer(tf_keras.optimizers.SGD(), cross_iteration=True)
-    assert caplog.text.count("inside the training step") == 1
+            clipped.fit(np.ones((4, 3), "float32"), np.ones((4, 2), "float32"), verbose=0)
+    assert _library.c_api().mlsl_tf_parked() == 0
+    assert caplog.text.count("SGD applies synchronously: global_clipnorm needs every gradient at once") == 1
