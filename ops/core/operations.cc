@@ -85,6 +85,12 @@ OperationFacts FactsOf(const RequestMeta& m, int64_t bytes, bool one_host, int64
   return f;
 }
 
+bool FuseTogether(const RequestMeta& a, const RequestMeta& b) {
+  return a.op == OpType::kAllreduce && b.op == OpType::kAllreduce && a.dtype == b.dtype &&
+         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group &&
+         a.wire == b.wire && !a.error_feedback && !b.error_feedback;
+}
+
 Way ChooseRequest(const OperationFacts& f) { return First(RequestOperations(), f); }
 Way ChooseChunk(const OperationFacts& f) { return First(ChunkOperations(), f); }
 

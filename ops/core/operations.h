@@ -60,6 +60,11 @@ OperationFacts FactsOf(const RequestMeta& m);
 // The facts of `bytes` of m (a chunk) on a transport: all members on one host or not.
 OperationFacts FactsOf(const RequestMeta& m, int64_t bytes, bool one_host, int64_t ring_bytes);
 
+// Whether two chunked allreduces may share one fused buffer: the same kind (dtype, op, scales,
+// group, wire), and never with error feedback -- the rank that reduces an element keeps its
+// output residual, and in a fused buffer which rank that is would depend on what else was ready.
+bool FuseTogether(const RequestMeta& a, const RequestMeta& b);
+
 // The tables, in order: a whole request's, and one chunk's.
 const std::vector<Operation>& RequestOperations();
 const std::vector<Operation>& ChunkOperations();

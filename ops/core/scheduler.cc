@@ -13,16 +13,6 @@
 
 namespace mlsl {
 
-namespace {
-
-bool SameKind(const RequestMeta& a, const RequestMeta& b) {
-  return a.op == OpType::kAllreduce && b.op == OpType::kAllreduce && a.dtype == b.dtype &&
-         a.reduce_op == b.reduce_op && a.prescale == b.prescale && a.postscale == b.postscale && a.group == b.group &&
-         a.wire == b.wire && a.error_feedback == b.error_feedback;
-}
-
-}  // namespace
-
 Scheduler::Scheduler(Communicator* comm, Timeline* timeline, Stats* stats, SchedulerOptions options)
     : comm_(comm), timeline_(timeline), stats_(stats), options_(options), slots_(comm, options.inflight) {}
 
@@ -76,8 +66,7 @@ void Scheduler::Fuse(Work* head) {
   auto self = Queued(head);
   for (auto it = self + 1; it != queue_.end();) {
     Work* w = it->get();
-    if (w->prepared || !SameKind(head->meta, w->meta) || w->meta.error_feedback ||
-        bytes + w->bytes() > options_.fusion_threshold) {
+    if (w->prepared || !FuseTogether(head->meta, w->meta) || bytes + w->bytes() > options_.fusion_threshold) {
       if (options_.fifo) break;  // first come, first served: nothing jumps over a tensor it cannot join
       ++it;
       continue;

@@ -253,8 +253,7 @@ SimCost MessageCost(const SimFabric& f, int64_t bytes, bool same_host) {
 
 std::chrono::steady_clock::time_point SimNetwork::Now() const {
   using D = std::chrono::steady_clock::duration;
-  // Rounded, not truncated: a time point the driver converts to seconds and back (CycleStepper's
-  // deadlines) comes back as itself.
+  // Rounded: a time point the driver converts to seconds and back comes back as itself.
   return std::chrono::steady_clock::time_point(std::chrono::round<D>(std::chrono::duration<double>(now_)));
 }
 
@@ -407,10 +406,6 @@ Status SimCommunicator::Split(const std::vector<int>& ranks, std::unique_ptr<Com
   *out = std::make_unique<SimCommunicator>(net_);
   return Status::Ok();
 }
-
-}  // namespace mlsl
-
-namespace mlsl {
 
 std::unique_ptr<PendingOp> SimCommunicator::Send(const void* buf, int64_t bytes, int peer, int tag) {
   const std::string problem = MessageProblem(size(), bytes, peer, tag);
