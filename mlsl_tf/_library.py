@@ -131,7 +131,10 @@ def settings():
 
 def stats():
     """The runtime's counters: requests, bytes_sent, chunks, in_place (allreduces that wrote
-    into their input's buffer), preemptions, fused_buffers, fused_tensors and wait_by_priority ({priority: {count, total_s, mean_s}})."""
+    into their input's buffer), preemptions, fused_buffers, fused_tensors, wait_by_priority
+    ({priority: {count, total_s, mean_s}}) and ways ({way: count}: how the collectives and the
+    allreduce chunks ran, e.g. eager, chunks, ring_allreduce, native_allreduce, broadcast; the
+    choice is ops/core/operations.h's)."""
     import json
 
     raw = c_api().mlsl_tf_stats_json()
