@@ -169,7 +169,7 @@ stress: venv lib
 # each with its own host name and an sshd on keys made for the run), mlslrun on h0 training the
 # digits example on h0 and h1 through ssh, then an unreachable host, a key no host accepts and a
 # host without the interpreter, each named in mlslrun's error. Root only: it fails elsewhere, it
-# never skips. Installs openssh-server where missing. ~2 min; not part of `make test`.
+# never skips. Installs openssh-server where missing. ~2 min; part of `make test`.
 .PHONY: test-ssh
 test-ssh: venv lib
 	@test "$$(id -u)" = 0 || { echo "make test-ssh: needs root (network namespaces, mounts, sshd)"; exit 1; }
