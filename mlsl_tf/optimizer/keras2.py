@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from mlsl_tf import keras2_compat, overlap
 from mlsl_tf.groups import check_reduction_group
+from mlsl_tf.optimizer import reduce
 
 _log = logging.getLogger("mlsl_tf")
 
@@ -275,16 +276,8 @@ def distributed_optimizer(optimizer, options, backward_passes_per_step, average_
     base = _base_class(optimizer)
     if overlap.enabled(cross_iteration):
         _install_function_cache_hook()
-    cls = type(base.__name__, (_Keras2DistributedOptimizer, base), {
-        "__module__": base.__module__,
-        "__qualname__": base.__qualname__,
-        "__doc__": base.__doc__,
-        "_mlsl_options": options,
-        "_mlsl_passes": int(backward_passes_per_step),
-        "_mlsl_average_aggregated": bool(average_aggregated_gradients),
-        "_mlsl_scale_local": bool(scale_local_gradients),
-        "_mlsl_cross_iteration": cross_iteration,
-    })
+    cls = reduce.wrapper_class(_Keras2DistributedOptimizer, base, options, backward_passes_per_step,
+                               average_aggregated_gradients, scale_local_gradients, cross_iteration)
     if in_place:
         keras2_compat.swap_class(optimizer, cls)
         return optimizer

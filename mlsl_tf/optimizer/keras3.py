@@ -15,6 +15,7 @@ import tensorflow as tf
 
 from mlsl_tf import keras3_compat, ops, overlap
 from mlsl_tf.groups import check_reduction_group
+from mlsl_tf.optimizer import reduce
 from mlsl_tf.optimizer.reduce import unique_prefix
 
 
@@ -165,18 +166,9 @@ def _base_class(optimizer):
 
 def _distributed_class(base, options, backward_passes_per_step, average_aggregated_gradients, cross_iteration,
                        scale_local_gradients=True):
-    """A subclass of `base` with the reducing apply(), named and placed like `base` so that
-    Keras serializes it as `base`."""
-    return type(base.__name__, (_DistributedOptimizer, base), {
-        "__module__": base.__module__,
-        "__qualname__": base.__qualname__,
-        "__doc__": base.__doc__,
-        "_mlsl_options": options,
-        "_mlsl_passes": int(backward_passes_per_step),
-        "_mlsl_average_aggregated": bool(average_aggregated_gradients),
-        "_mlsl_cross_iteration": cross_iteration,
-        "_mlsl_scale_local": bool(scale_local_gradients),
-    })
+    """A subclass of `base` with the reducing apply() (reduce.wrapper_class)."""
+    return reduce.wrapper_class(_DistributedOptimizer, base, options, backward_passes_per_step,
+                                average_aggregated_gradients, scale_local_gradients, cross_iteration)
 
 
 def _agreed_finite(loss_scale_optimizer, finite):

@@ -145,3 +145,19 @@ class ReduceOptions:
                                    ignore_name_scope=True, process_set=self.process_set, priority=indices[p],
                                    device_dense=self.device_dense, device_sparse=self.device_sparse)
         return out
+
+
+def wrapper_class(mixin, base, options, backward_passes_per_step, average_aggregated_gradients,
+                  scale_local_gradients, cross_iteration):
+    """A subclass of `base` with `mixin`'s reducing update, named and placed like `base` so that
+    Keras (3 or 2) serializes it as `base`; the options as class attributes the mixin reads."""
+    return type(base.__name__, (mixin, base), {
+        "__module__": base.__module__,
+        "__qualname__": base.__qualname__,
+        "__doc__": base.__doc__,
+        "_mlsl_options": options,
+        "_mlsl_passes": int(backward_passes_per_step),
+        "_mlsl_average_aggregated": bool(average_aggregated_gradients),
+        "_mlsl_scale_local": bool(scale_local_gradients),
+        "_mlsl_cross_iteration": cross_iteration,
+    })

@@ -160,7 +160,6 @@ void Scheduler::StartChunk(Work* w) {
   const int slot_index = int(unit->seq % uint64_t(options_.inflight));
   Communicator* slot = slots_.Get(slot_index);
   const Way way = ChooseChunk(FactsOf(w->meta, n * int64_t(esize), options_.one_host, options_.ring_bytes));
-  stats_->Ran(WayName(way));
   if (way == Way::kWireAllreduce) {
     float* data = reinterpret_cast<float*>(w->buf) + w->next;
     const float* in = w->src ? reinterpret_cast<const float*>(w->src) + w->next : data;
@@ -189,7 +188,7 @@ void Scheduler::StartChunk(Work* w) {
   w->last_seq = unit->seq;
   w->next += n;
   w->outstanding++;
-  stats_->Chunk(unit->bytes);
+  stats_->Chunk(unit->bytes, WayName(way));
   inflight_.push_back(std::move(unit));
 }
 

@@ -15,7 +15,13 @@ class Stats {
   void Request() { std::lock_guard<std::mutex> l(mu_); ++requests_; }
   // A request handed to Runtime::Submit (any thread): the framework enqueued it.
   void Submitted() { std::lock_guard<std::mutex> l(mu_); ++submitted_; }
-  void Chunk(int64_t bytes) { std::lock_guard<std::mutex> l(mu_); ++chunks_; bytes_ += bytes; }
+  // A chunk or piece started, of `bytes`; `way` (operations.h), when given, counted as Ran's.
+  void Chunk(int64_t bytes, const char* way = nullptr) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++chunks_;
+    bytes_ += bytes;
+    if (way) CountWay(way);
+  }
   void InPlace() { std::lock_guard<std::mutex> l(mu_); ++in_place_; }
   void Eager() { std::lock_guard<std::mutex> l(mu_); ++eager_; }
   void Preemption() { std::lock_guard<std::mutex> l(mu_); ++preemptions_; }
@@ -33,9 +39,7 @@ class Stats {
   // started running; how many did, by way.
   void Ran(const char* way) {
     std::lock_guard<std::mutex> l(mu_);
-    auto it = ways_.find(way);  // no string made on the hot path once the way has run
-    if (it == ways_.end()) it = ways_.emplace(way, 0).first;
-    ++it->second;
+    CountWay(way);
   }
   int64_t ran(const std::string& way) const {
     std::lock_guard<std::mutex> l(mu_);
@@ -45,6 +49,12 @@ class Stats {
   std::string Json() const;
 
  private:
+  void CountWay(const char* way) {  // under mu_; no string made once the way has run
+    auto it = ways_.find(way);
+    if (it == ways_.end()) it = ways_.emplace(way, 0).first;
+    ++it->second;
+  }
+
   mutable std::mutex mu_;
   int64_t submitted_ = 0, requests_ = 0, chunks_ = 0, bytes_ = 0, preemptions_ = 0, fused_buffers_ = 0, fused_tensors_ = 0;
   int64_t names_known_ = 0, names_forgotten_ = 0;
