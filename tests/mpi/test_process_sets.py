@@ -2,8 +2,8 @@
 removed later (ids reused lowest first, as Horovod does), the *_op queries, Horovod's error classes,
 and what a rank outside a set gets from the tape and the optimizers (its own gradients).
 
-The module restarts mlsl_tf with init(process_sets=[even, odd]) -- the conftest's init() had none --
-so every rank registers the two sets the way a Horovod script does."""
+The module restarts mlsl_tf with init(process_sets=[even, odd]) when its tests start -- the
+conftest's init() had none -- so every rank registers the two sets the way a Horovod script does."""
 
 import os
 
@@ -18,10 +18,16 @@ R, N = hvd.rank(), hvd.size()
 EVEN, ODD = list(range(0, N, 2)), list(range(1, N, 2))
 MODES = ["eager", "graph"]
 
-hvd.shutdown()
 even_set, odd_set = hvd.ProcessSet(EVEN), hvd.ProcessSet(ODD)
-hvd.init(process_sets=[even_set, odd_set])
 mine, other = (even_set, odd_set) if R in EVEN else (odd_set, even_set)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _the_two_sets():
+    """Registered when the file's tests start, not when it is collected: the MPI suite collects
+    every file in one session before it runs the first test."""
+    hvd.shutdown()
+    hvd.init(process_sets=[even_set, odd_set])
 
 
 def run(mode, fn, *args):
