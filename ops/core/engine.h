@@ -61,6 +61,17 @@ struct StepResult {
   bool started_units = false;  // transfers were started: small ones finish within microseconds
 };
 
+// When the engine next needs a step, as it says of itself (LoopPolicy turns it into a wait).
+struct NextRun {
+  enum class Kind {
+    kTransfers,  // transfers queued or in flight: test them after `poll` (0: keep polling)
+    kPeers,      // requests waiting on other ranks' messages: step now (the owner backs off)
+    kArrival,    // nothing of its own to do: when a submission arrives (or a heartbeat)
+  };
+  Kind kind = Kind::kArrival;
+  std::chrono::microseconds poll{0};
+};
+
 class Engine {
  public:
   using Clock = std::chrono::steady_clock;
@@ -89,6 +100,11 @@ class Engine {
   bool HasInbox() const { return pending_.has_inbox(); }
   // The sleep between tests of the transfers in flight: the shortest any busy group allows.
   std::chrono::microseconds PollInterval() const { return groups_.PollInterval(); }
+  // When it next needs a step: the one answer every owner's pacing follows (loop_policy.h).
+  NextRun WhenNext() const {
+    if (!AllIdle()) return {NextRun::Kind::kTransfers, PollInterval()};
+    return {HasWork() ? NextRun::Kind::kPeers : NextRun::Kind::kArrival, std::chrono::microseconds(0)};
+  }
   bool closed() const { return closed_.closed; }
   const std::string& closed_reason() const { return closed_.reason; }
   StatusCode closed_code() const { return closed_.code; }

@@ -4,16 +4,19 @@
 
 namespace mlsl {
 
-LoopPolicy::us LoopPolicy::BetweenCycles(const Engine& engine, int idle_cycles, us heartbeat) {
-  if (!engine.AllIdle()) return engine.PollInterval();
-  if (!engine.HasWork()) return heartbeat;
+LoopPolicy::us LoopPolicy::BetweenCycles(const NextRun& next, int idle_cycles, us heartbeat) {
+  switch (next.kind) {
+    case NextRun::Kind::kTransfers: return next.poll;
+    case NextRun::Kind::kArrival: return heartbeat;
+    case NextRun::Kind::kPeers: break;
+  }
   if (idle_cycles < 8) return us(0);
   return std::min<us>(us(20 << std::min(idle_cycles - 8, 6)), us(1000));
 }
 
-LoopPolicy::us LoopPolicy::WithinCycle(const Engine& engine, int spins, std::chrono::steady_clock::duration waited) {
+LoopPolicy::us LoopPolicy::WithinCycle(const NextRun& next, int spins, std::chrono::steady_clock::duration waited) {
   // MPI moves shared-memory data only inside Test, so without a network's pause the thread polls.
-  if (!engine.AllIdle()) return engine.PollInterval();
+  if (next.kind == NextRun::Kind::kTransfers) return next.poll;
   return WaitLadder::Pause(spins, waited);
 }
 
@@ -53,7 +56,7 @@ CycleStepper::Next CycleStepper::After(const StepResult& r, Clock::time_point no
     return next;
   }
   // An exchange travels: step again at once, after a yield, or after the policy's pause.
-  const auto pause = LoopPolicy::WithinCycle(*engine_, spins_, WaitLadder::Waited(spins_, start_, [now] { return now; }));
+  const auto pause = LoopPolicy::WithinCycle(engine_->WhenNext(), spins_, WaitLadder::Waited(spins_, start_, [now] { return now; }));
   next.at = now + pause;
   next.pause = pause;
   next.yield = pause.count() == 0 && WaitLadder::Yields(spins_);

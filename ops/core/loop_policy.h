@@ -1,5 +1,6 @@
 // LoopPolicy: when the background thread steps the Engine -- how long it waits between cycles and
-// between two steps of a cycle -- as pure functions of the engine's state and elapsed time; and
+// between two steps of a cycle -- as pure functions of what the engine says it next needs
+// (Engine::WhenNext) and elapsed time; and
 // CycleStepper, one cycle's loop as a state machine over the owner's clock. The Runtime follows
 // them on the real clock (runtime.cc), the simulator on virtual time (sim/): one loop, two clocks.
 #pragma once
@@ -24,12 +25,31 @@ struct LoopPolicy {
   // network it sleeps a little between tests); nothing at all: `heartbeat` (after spinning for
   // the runtime's spin time, which on a virtual clock costs nothing); waiting on peers for
   // `idle_cycles` cycles in a row: a backoff, so two ranks waiting on each other do not spin.
-  static us BetweenCycles(const Engine& engine, int idle_cycles, us heartbeat);
+  static us BetweenCycles(const NextRun& next, int idle_cycles, us heartbeat);
 
   // Within a cycle whose exchange travels, after `spins` steps and `waited` since it began: the
   // pause before the next step (0: at once). Transfers in flight: the poll interval; else the
   // WaitLadder (wait_ladder.h).
-  static us WithinCycle(const Engine& engine, int spins, std::chrono::steady_clock::duration waited);
+  static us WithinCycle(const NextRun& next, int spins, std::chrono::steady_clock::duration waited);
+};
+
+// Between two cycles of the background thread: counts the cycles in a row that moved nothing and
+// says, from what the engine needs next, how long the owner waits for a submission before the
+// next cycle. The Runtime and the simulator's driver each keep one.
+class IdlePacer {
+ public:
+  explicit IdlePacer(LoopPolicy::us heartbeat) : heartbeat_(heartbeat) {}
+  void CycleEnded(const StepResult& r) { idle_cycles_ = r.progress ? 0 : idle_cycles_ + 1; }
+  LoopPolicy::us Wait(const Engine& engine) const {
+    return LoopPolicy::BetweenCycles(engine.WhenNext(), idle_cycles_, heartbeat_);
+  }
+  // Nothing of the engine's own to do: the real clock's owner polls for a submission a while
+  // before it sleeps (on a virtual clock that costs nothing).
+  static bool Quiet(const Engine& engine) { return engine.WhenNext().kind == NextRun::Kind::kArrival; }
+
+ private:
+  const LoopPolicy::us heartbeat_;
+  int idle_cycles_ = 0;
 };
 
 // One cycle of the background thread: step the engine; after a step that started transfers, test

@@ -110,16 +110,16 @@ void Runtime::Loop() {
   Status s = comm_->Split(everyone, &control);
   if (!s.ok()) Log(LogLevel::kWarning, "no separate control communicator (" + s.message() + ")");
   engine_ = std::make_unique<Engine>(std::move(comm_), std::move(control), timeline_.get(), &stats_, options_.engine);
-  int idle = 0;  // cycles in a row that moved nothing
+  IdlePacer pacer(options_.heartbeat);
   while (true) {
-    BetweenCycles(engine_.get(), idle);
+    BetweenCycles(engine_.get(), pacer);
     const StepResult r = RunCycle(engine_.get());
     if (r.closed) {
       CloseQueue(*engine_);
       EndTimeline();
       return;
     }
-    idle = r.progress ? 0 : idle + 1;
+    pacer.CycleEnded(r);
     const auto now = Clock::now();
     if (r.progress) last_progress_ = now;
     if (timeline_->enabled()) {
@@ -129,13 +129,13 @@ void Runtime::Loop() {
   }
 }
 
-void Runtime::BetweenCycles(Engine* engine, int idle) {
+void Runtime::BetweenCycles(Engine* engine, const IdlePacer& pacer) {
   std::deque<std::unique_ptr<Request>> incoming;
   TimelineChange* timeline_change = nullptr;
   bool stop = false;
   {
     std::unique_lock<std::mutex> lock(mu_);
-    if (incoming_.empty() && !engine->HasInbox() && !stop_requested_ && !timeline_change_) Sleep(&lock, *engine, idle);
+    if (incoming_.empty() && !engine->HasInbox() && !stop_requested_ && !timeline_change_) Sleep(&lock, *engine, pacer);
     incoming.swap(incoming_);
     stop = stop_requested_;
     timeline_change = timeline_change_;  // read under the lock this cycle takes anyway
@@ -146,9 +146,9 @@ void Runtime::BetweenCycles(Engine* engine, int idle) {
   if (mark_cycles_) timeline_->CycleStart(Clock::now());
 }
 
-void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, int idle) {
-  auto wait = LoopPolicy::BetweenCycles(engine, idle, options_.heartbeat);
-  if (engine.AllIdle() && !engine.HasWork()) {
+void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, const IdlePacer& pacer) {
+  auto wait = pacer.Wait(engine);
+  if (IdlePacer::Quiet(engine)) {
     // Just finished something: the next request usually follows within microseconds, so poll
     // briefly before sleeping (an idle process still sleeps, a busy one does not pay a
     // wake-up per collective).
@@ -158,7 +158,7 @@ void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, in
       std::this_thread::yield();
       lock->lock();
     }
-    if (!incoming_.empty()) wait = LoopPolicy::us(0);
+    if (!incoming_.empty()) wait = std::chrono::microseconds(0);
   }
   if (wait.count() > 0) {
     cv_.wait_for(*lock, wait, [this] { return !incoming_.empty() || stop_requested_ || timeline_change_; });

@@ -22,6 +22,7 @@
 
 #include "communicator.h"
 #include "engine.h"
+#include "loop_policy.h"
 #include "options.h"
 #include "request.h"
 #include "results.h"
@@ -73,9 +74,9 @@ class Runtime {
   using Clock = std::chrono::steady_clock;
   void Loop();
   // Before a cycle: sleeps as the policy says while nothing is queued, then hands the queue,
-  // a shutdown and a timeline change to the engine (`idle`: cycles in a row that moved nothing).
-  void BetweenCycles(Engine* engine, int idle);
-  void Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, int idle);
+  // a shutdown and a timeline change to the engine (`pacer`: how long to wait for them).
+  void BetweenCycles(Engine* engine, const IdlePacer& pacer);
+  void Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, const IdlePacer& pacer);
   // Steps the engine until its cycle completes or it closes, polling while exchanges travel.
   StepResult RunCycle(Engine* engine);
   // The engine closed: refuses future submissions with its reason and fails the queued ones.

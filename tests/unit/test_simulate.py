@@ -182,18 +182,21 @@ SIM_SOURCES = sorted((ROOT / "ops" / "core" / "sim").glob("*.[hc]*"))
 def test_the_simulator_has_no_model_of_the_cycle_of_its_own():
     # It runs the Runtime's own loop: the control message, the negotiation and the scheduler are
     # reached only through the engine, and the engine is stepped only by the CycleStepper that
-    # Runtime::RunCycle runs (loop_policy.h), between cycles where LoopPolicy says -- neither the
-    # simulator's driver nor the Runtime has a loop of its own to drift apart.
+    # Runtime::RunCycle runs (loop_policy.h), between cycles where the IdlePacer says from the
+    # engine's own answer (Engine::WhenNext) -- neither the simulator's driver nor the Runtime has
+    # a loop, an idle count or a reading of the engine's state of its own to drift apart.
     text = {p.name: p.read_text() for p in SIM_SOURCES}
     assert "background_thread.cc" in text and "training.cc" in text
     for name, src in text.items():
         for banned in ("AllreduceWords", "ControlMessage", "scheduler.h", "Scheduler ", "Coordinator", "Control()",
-                       "->Step(", "LoopPolicy::WithinCycle", "kFinishStarted"):
+                       "->Step(", "LoopPolicy::", "kFinishStarted", "AllIdle()", "HasWork()", "PollInterval()",
+                       "progress ? 0"):
             assert banned not in src, f"ops/core/sim/{name} names {banned}"
     runtime = (SIM_SOURCES[0].parents[1] / "runtime.cc").read_text()
     for owner in (text["background_thread.cc"], runtime):
-        assert "CycleStepper" in owner and "LoopPolicy::BetweenCycles" in owner
-    for banned in ("->Step(", "LoopPolicy::WithinCycle", "kFinishStarted"):
+        assert "CycleStepper" in owner and "IdlePacer" in owner and ".CycleEnded(" in owner
+    for banned in ("->Step(", "LoopPolicy::", "kFinishStarted", "AllIdle()", "HasWork()", "PollInterval()",
+                   "progress ? 0"):
         assert banned not in runtime, f"ops/core/runtime.cc names {banned}: its cycle is CycleStepper's"
 
 

@@ -31,7 +31,7 @@ SimBackgroundThread::SimBackgroundThread(SimNetwork* net, const RuntimeOptions& 
 }
 
 bool SimBackgroundThread::Quiet() const {
-  return incoming_.empty() && !cycle_ && !engine_->HasWork() && engine_->AllIdle();
+  return incoming_.empty() && !cycle_ && IdlePacer::Quiet(*engine_);
 }
 
 double SimBackgroundThread::NextAction() const {
@@ -72,8 +72,8 @@ void SimBackgroundThread::EndCycle(const StepResult& r) {
     wake_at_ = kInf;
     return;
   }
-  idle_cycles_ = r.progress ? 0 : idle_cycles_ + 1;
-  wake_at_ = net_->now() + Seconds(LoopPolicy::BetweenCycles(*engine_, idle_cycles_, options_.heartbeat));
+  pacer_.CycleEnded(r);
+  wake_at_ = net_->now() + Seconds(pacer_.Wait(*engine_));
 }
 
 }  // namespace mlsl

@@ -56,7 +56,7 @@ class SimBackgroundThread {
   double next_cycle_ = 0;       // cycle_bound_s after the last cycle began
   double last_act_ = 0;         // when the cycle last acted
   uint64_t seen_ = 0;           // the network's completions when it last stepped or tested
-  int idle_cycles_ = 0;         // cycles in a row that moved nothing
+  IdlePacer pacer_{options_.heartbeat};  // between cycles, as the Runtime's
   std::string error_;
 };
 

@@ -40,9 +40,40 @@ TEST(loop_policy_within_a_cycle_is_the_ladder_when_nothing_is_in_flight) {
   for (int spins : {0, 63, 64, 65, 128, 5000}) {
     for (auto waited : {microseconds(0), microseconds(199), microseconds(200), microseconds(4999), microseconds(5000),
                         microseconds(80000)}) {
-      CHECK_EQ(LoopPolicy::WithinCycle(engine, spins, waited).count(), WaitLadder::Pause(spins, waited).count());
+      CHECK_EQ(LoopPolicy::WithinCycle(engine.WhenNext(), spins, waited).count(), WaitLadder::Pause(spins, waited).count());
     }
   }
+}
+
+TEST(between_cycles_the_wait_follows_what_the_engine_says_it_needs) {
+  using K = NextRun::Kind;
+  const microseconds beat(10000);
+  // Transfers in flight: their poll interval, whatever the idle count; nothing to do: the heartbeat.
+  for (int idle : {0, 8, 100}) {
+    CHECK_EQ(LoopPolicy::BetweenCycles({K::kTransfers, microseconds(50)}, idle, beat).count(), 50);
+    CHECK_EQ(LoopPolicy::BetweenCycles({K::kArrival, microseconds(0)}, idle, beat).count(), 10000);
+  }
+  // Waiting on peers: at once for 8 idle cycles, then 20 us doubling up to 1 ms.
+  const NextRun peers{K::kPeers, microseconds(0)};
+  CHECK_EQ(LoopPolicy::BetweenCycles(peers, 7, beat).count(), 0);
+  CHECK_EQ(LoopPolicy::BetweenCycles(peers, 8, beat).count(), 20);
+  CHECK_EQ(LoopPolicy::BetweenCycles(peers, 9, beat).count(), 40);
+  CHECK_EQ(LoopPolicy::BetweenCycles(peers, 13, beat).count(), 640);
+  CHECK_EQ(LoopPolicy::BetweenCycles(peers, 14, beat).count(), 1000);
+  CHECK_EQ(LoopPolicy::BetweenCycles(peers, 1000, beat).count(), 1000);
+
+  // An engine with nothing submitted says so; the pacer waits the heartbeat, whatever it counted.
+  auto world = std::make_shared<FakeWorld>(1);
+  auto control = std::make_shared<FakeWorld>(1);
+  Timeline timeline;
+  Stats stats;
+  Engine engine(std::make_unique<FakeCommunicator>(world, 0), std::make_unique<FakeCommunicator>(control, 0),
+                &timeline, &stats, EngineOptions());
+  CHECK(engine.WhenNext().kind == K::kArrival && IdlePacer::Quiet(engine));
+  IdlePacer pacer(beat);
+  StepResult idle;
+  for (int i = 0; i < 20; ++i) pacer.CycleEnded(idle);
+  CHECK_EQ(pacer.Wait(engine).count(), 10000);
 }
 
 namespace {
