@@ -29,7 +29,7 @@ TEST(wait_ladder_spins_polls_then_sleeps_short_then_long) {
   CHECK(WaitLadder::Waited(64, start, now) == milliseconds(8) && reads == 1);
 }
 
-TEST(loop_policy_within_a_cycle_is_the_ladder_when_nothing_is_in_flight) {
+TEST(an_idle_engine_within_a_cycle_follows_the_ladder_and_between_cycles_the_heartbeat) {
   auto world = std::make_shared<FakeWorld>(1);
   auto control = std::make_shared<FakeWorld>(1);
   Timeline timeline;
@@ -43,6 +43,12 @@ TEST(loop_policy_within_a_cycle_is_the_ladder_when_nothing_is_in_flight) {
       CHECK_EQ(LoopPolicy::WithinCycle(engine.WhenNext(), spins, waited).count(), WaitLadder::Pause(spins, waited).count());
     }
   }
+  // Nothing submitted: the engine says so, and between cycles the pacer waits the heartbeat,
+  // however many idle cycles it counted.
+  CHECK(engine.WhenNext().kind == NextRun::Kind::kArrival && IdlePacer::Quiet(engine));
+  IdlePacer pacer(milliseconds(10));
+  for (int i = 0; i < 20; ++i) pacer.CycleEnded(StepResult());
+  CHECK_EQ(pacer.Wait(engine).count(), 10000);
 }
 
 TEST(between_cycles_the_wait_follows_what_the_engine_says_it_needs) {
@@ -62,18 +68,6 @@ TEST(between_cycles_the_wait_follows_what_the_engine_says_it_needs) {
   CHECK_EQ(LoopPolicy::BetweenCycles(peers, 14, beat).count(), 1000);
   CHECK_EQ(LoopPolicy::BetweenCycles(peers, 1000, beat).count(), 1000);
 
-  // An engine with nothing submitted says so; the pacer waits the heartbeat, whatever it counted.
-  auto world = std::make_shared<FakeWorld>(1);
-  auto control = std::make_shared<FakeWorld>(1);
-  Timeline timeline;
-  Stats stats;
-  Engine engine(std::make_unique<FakeCommunicator>(world, 0), std::make_unique<FakeCommunicator>(control, 0),
-                &timeline, &stats, EngineOptions());
-  CHECK(engine.WhenNext().kind == K::kArrival && IdlePacer::Quiet(engine));
-  IdlePacer pacer(beat);
-  StepResult idle;
-  for (int i = 0; i < 20; ++i) pacer.CycleEnded(idle);
-  CHECK_EQ(pacer.Wait(engine).count(), 10000);
 }
 
 namespace {
