@@ -139,10 +139,12 @@ def plot(rows, path):
     plt.close(fig)
 
 
-def measure_variance(steps=60, warmup=5, path=simulate.VARIANCE_FILE):
+def measure_variance(steps=60, warmup=5, series=3, path=simulate.VARIANCE_FILE):
     """Per-step times of benchmarks/training.py's compute configuration (ResNet-50, batch 16, one
-    process, no reduction); returns them. The estimate written to sim_models/step_variance.json
-    (see its 'estimator') is the robust spread of the step-to-step changes of ln(step time)."""
+    process, no reduction), `series` series of `steps` after `warmup`; returns them. The estimate
+    written to sim_models/step_variance.json: the median over the series of the robust spread of
+    the step-to-step changes of ln(step time) (see the file's 'estimator'); every series' other
+    estimates are kept beside it."""
     sys.path.insert(0, str(HERE))
     import keras  # noqa: PLC0415
     import tensorflow as tf  # noqa: PLC0415
@@ -151,24 +153,30 @@ def measure_variance(steps=60, warmup=5, path=simulate.VARIANCE_FILE):
     model, x, y, loss = training.build_model("resnet50", keras, 16, seed=0)
     data = tf.data.Dataset.from_tensors((x, y)).repeat()
     model.compile(optimizer=keras.optimizers.SGD(0.01, momentum=0.9), loss=loss)
+    load = os.getloadavg()[0]
     model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0)
-    ends = []
-    clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(time.perf_counter()))
-    start = time.perf_counter()
-    model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
-    times = [round(b - a, 6) for a, b in zip([start] + ends[:-1], ends)]
-    stats = variance_estimates(times)
+    runs = []
+    for _ in range(series):
+        ends = []
+        clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda b, logs: ends.append(time.perf_counter()))
+        start = time.perf_counter()
+        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[clock])
+        runs.append([round(b - a, 6) for a, b in zip([start] + ends[:-1], ends)])
+    estimates = [variance_estimates(t) for t in runs]
     record = json.loads(pathlib.Path(path).read_text()) if pathlib.Path(path).exists() else {}
-    record.update(sigma=stats.pop("sigma"), other_estimates=stats, mean_step_s=round(statistics.fmean(times), 4),
-                  median_step_s=round(statistics.median(times), 4), step_s=times,
+    record.pop("step_s", None)
+    record.pop("other_estimates", None)
+    record.update(sigma=round(statistics.median(e["robust_successive_difference_ln"] for e in estimates), 4),
+                  estimates_per_series=estimates, mean_step_s=round(statistics.fmean(sum(runs, [])), 4),
+                  median_step_s=round(statistics.median(sum(runs, [])), 4), step_s_per_series=runs,
                   measured=f"{time.strftime('%Y-%m-%d')}, benchmarks/published_scale.py --measure-variance: "
-                  f"{warmup} warm-up steps, {steps} timed (load average before: {os.getloadavg()[0]:.1f})")
+                  f"{warmup} warm-up steps, then {series} series of {steps} timed steps (load average before: {load:.1f})")
     pathlib.Path(path).write_text(json.dumps(record, indent=1) + "\n")
-    return times
+    return runs
 
 
 def variance_estimates(times):
-    """sigma (the robust spread of step-to-step changes of ln t) and the other estimates."""
+    """Estimates of the spread of ln(step time) of one series."""
     logs = [math.log(t) for t in times]
     diffs = [b - a for a, b in zip(logs, logs[1:])]
 
@@ -176,7 +184,7 @@ def variance_estimates(times):
         m = statistics.median(v)
         return statistics.median(abs(x - m) for x in v)
 
-    return {"sigma": round(1.4826 * mad(diffs) / math.sqrt(2), 4),
+    return {"robust_successive_difference_ln": round(1.4826 * mad(diffs) / math.sqrt(2), 4),
             "sd_ln_all_steps": round(statistics.pstdev(logs), 4),
             "cv_all_steps": round(statistics.pstdev(times) / statistics.fmean(times), 4),
             "mad_ln_all_steps": round(1.4826 * mad(logs), 4),
@@ -200,11 +208,12 @@ def main(argv=None):
     p.add_argument("--png", help="draw published vs predicted into this PNG (default: none)")
     p.add_argument("--measure-variance", action="store_true",
                    help="measure this machine's step-time spread into sim_models/step_variance.json and exit "
-                   "(about a minute; default: off)")
+                   "(about two minutes, on a machine with nothing else running; default: off)")
     a = p.parse_args(argv)
     if a.measure_variance:
-        times = measure_variance()
-        print(json.dumps({"steps": len(times), **variance_estimates(times)}))
+        for times in measure_variance():
+            print(json.dumps({"steps": len(times), **variance_estimates(times)}))
+        print(json.dumps({"sigma": simulate.measured_variance()}))
         return 0
     variance = simulate.parse_variance(a.variance)
     seeds = [int(s) for s in a.seeds.split(",")]
