@@ -94,8 +94,8 @@ Status StartAutotuneLog(Communicator* comm, const TuneOptions& tune) {
   std::string mine;
   if (comm->rank() == 0 && tune.enabled && !tune.log.empty()) {
     std::FILE* f = std::fopen(tune.log.c_str(), "w");
-    const std::string header = Tuner::LogHeader();
     const int error = f ? 0 : errno;
+    const std::string header = Tuner::LogHeader();
     if (!f || std::fwrite(header.data(), 1, header.size(), f) != header.size()) {
       mine = "mlsl_tf: rank 0 cannot write the autotune log " + tune.log + " (" + SettingSource("MLSL_TF_AUTOTUNE_LOG") +
              "): " + std::strerror(error ? error : EIO);

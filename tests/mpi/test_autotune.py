@@ -62,13 +62,6 @@ def settings(env):
         restart()
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _restored():
-    yield
-    with settings({}):
-        pass
-
-
 # ----------------------------------------------------------------- 1. which settings change bits
 
 # (name, elements, dtype, op, compression): eager-sized, MPI-sized, ring-sized (>= 256 KiB on one
