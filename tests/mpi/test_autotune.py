@@ -2,7 +2,7 @@
 
 1. What it tunes changes no result bit: the same random-normal reductions, over every path (the
    control message's eager region, MPI's allreduce, chunks, the ring, a grouped buffer, the bf16
-   wire, sums and averages, float32 and float64), give the same bits under every candidate value
+   wire, sums and averages, float32 and float64, big allreduces in flight at once), give the same bits under every candidate value
    of every knob autotune searches (the library's own list, from stats()) as under the defaults.
    What it leaves alone is shown to matter: on 3 ranks, the chunk size and the ring threshold
    change bits (which rank sums which element first), so autotune may not touch them.
@@ -72,6 +72,14 @@ REDUCTIONS = [(f"bits.{n}.{np.dtype(d).name}.{op}.{c}", n, d, op, c)
                                (np.float32, "sum", "bf16"))
               if not (c == "bf16" and n < 5000)]
 GROUPED = [3, 40, 900, 2500, 11]  # one grouped allreduce: one buffer
+# Reduced at once (one tf.function), each above the fusion threshold (never fused) and cut in
+# chunks: how many chunks are in flight at a time is what MLSL_TF_INFLIGHT changes.
+CONCURRENT = [270000, 300000, 330000, 400000]
+
+
+@tf.function
+def reduce_at_once(xs):
+    return [hvd.allreduce(x, op=hvd.Sum, name=f"bits.concurrent.{i}") for i, x in enumerate(xs)]
 
 
 def bit_workload():
@@ -89,6 +97,10 @@ def bit_workload():
     for call in range(2):
         got = hvd.grouped_allreduce(xs, op=hvd.Sum, name="bits.grouped")
         out[f"bits.grouped#{call}"] = b"".join(g.numpy().tobytes() for g in got)
+    xs = [tf.constant(rng.standard_normal(n).astype(np.float32)) for n in CONCURRENT]
+    for call in range(2):
+        for i, got in enumerate(reduce_at_once(xs)):
+            out[f"bits.concurrent.{i}#{call}"] = got.numpy().tobytes()
     return out
 
 
