@@ -26,17 +26,17 @@ bool StepTimer::Submitted(const std::string& name, Clock::time_point now, double
     }
     marker_ = name;  // its second submission: the first step starts
     seen_.clear();
-  } else if (name != marker_) {
+    last_ = now;
+    timing_ = true;
     return false;
   }
-  const bool ended = timing_;
-  if (ended) {
-    *seconds = std::chrono::duration<double>(now - last_).count();
-    ++count_;
-  }
+  if (name != marker_) return false;
+  ++count_;  // a step ended; timed when it began under the values in force
+  const bool timed = timing_;
+  if (timed) *seconds = std::chrono::duration<double>(now - last_).count();
   last_ = now;
   timing_ = true;
-  return ended;
+  return timed;
 }
 
 Tuner::Tuner(const TuneOptions& options, int rank)

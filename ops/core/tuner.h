@@ -54,7 +54,7 @@ class StepTimer {
   bool Submitted(const std::string& name, Clock::time_point now, double* seconds);
   // The step under way is not a whole step of the values now in force: the next starts afresh.
   void Restart() { timing_ = false; }
-  int64_t count() const { return count_; }  // steps ended so far
+  int64_t count() const { return count_; }  // steps ended since the marker's second submission, timed or not
   const std::string& marker() const { return marker_; }
 
  private:
