@@ -40,6 +40,13 @@ Configurations (`--configs`, default all), each a separate job:
   mwms_compute  compute alone of the mwms loop: N single-worker strategies, no cluster
   comm          communication alone: the model's gradients (shapes, priorities, dtype) reduced
                 by mlsl_tf each step with no compute; comm_bf16 the same in bf16
+Autotune's (docs/autotune.md), only when named in --configs:
+  overlap_autotune  the defaults with MLSL_TF_AUTOTUNE=1 (a warm-up sample, 5 steps per sample): the
+                warm-up goes on until every rank froze the search, then the steps are timed; the
+                job's row names the values it froze ("autotune")
+  grid_inflight<I>_spin<S>  the defaults with MLSL_TF_INFLIGHT=I and MLSL_TF_SPIN_US=S, for every
+                candidate I in 1, 2, 4, 8, 16 and S in 0, 50, 200, 1000: the grid autotune searches
+                (`--configs grid` names all 20)
 
 CPU: every rank writes its CPU seconds per timed step by thread (/proc/self/task/*/stat; the
 threads a library starts in hvd.init() are labelled 'comm:<name>': mlsl_tf_comm, Horovod's
@@ -99,6 +106,13 @@ LIMIT_OF = {"fifo": "comm", "priority": "comm", "overlap": "comm", "overlap_bf16
 COMPUTE_OF = {"horovod": ("horovod_compute", "compute"), "mwms": ("mwms_compute", "compute"),
               "overlap_tf_keras": ("compute_tf_keras", "compute"), "mwms_tf_keras": ("compute_tf_keras", "compute"),
               "overlap_mixed_bf16": ("compute_mixed_bf16", "compute")}
+# Autotune and the grid of its candidates (docs/autotune.md); not run unless named in --configs.
+GRID = {f"grid_inflight{i}_spin{s}": {"MLSL_TF_INFLIGHT": str(i), "MLSL_TF_SPIN_US": str(s)}
+        for i in (1, 2, 4, 8, 16) for s in (0, 50, 200, 1000)}
+AUTOTUNE_CONFIGS = ("overlap_autotune",) + tuple(GRID)
+CONFIG_ENV.update(GRID, overlap_autotune={"MLSL_TF_AUTOTUNE": "1", "MLSL_TF_AUTOTUNE_WARMUP_SAMPLES": "1",
+                                          "MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE": "5"})
+LIMIT_OF.update({c: "comm" for c in AUTOTUNE_CONFIGS})
 MIXED_BF16_CONFIGS = ("overlap_mixed_bf16", "compute_mixed_bf16")  # Keras 3's mixed_bfloat16 policy
 MWMS_PORT_BASE = 23400  # MWMS jobs on emulated hosts: a fresh port each (no TIME_WAIT reuse)
 CORES = os.cpu_count() or 2  # the cores the ranks of a job share (all on this machine)
@@ -211,6 +225,8 @@ def worker(ns):
         model.compile(optimizer=opt, loss=loss)
         callbacks = [] if plain else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
         model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0, callbacks=callbacks)
+        if ns.config == "overlap_autotune":
+            warm_up_until_tuned(model, data, warmup)
         ends = []
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
         timed_callbacks = [clock]
@@ -248,6 +264,8 @@ def worker(ns):
             after = counters()
             result["per_step"] = {k: (after[k] - counters_before[k]) / steps
                                   for k in ("requests", "eager", "chunks", "fused_tensors", "in_place")}
+            if ns.config == "overlap_autotune":
+                result["autotune"] = after["autotune"]["values"]
     step = max(hvd.allgather(tf.constant([result["step_s"]], tf.float64)).numpy())  # the slowest rank
     result.update(model=ns.model, config=ns.config, impl=ns.impl, ranks=hvd.size(), batch_per_rank=batch,
                   steps=steps, step_s=float(step), samples_per_s=batch * hvd.size() / float(step),
@@ -255,6 +273,18 @@ def worker(ns):
     write_rank_file(ns, hvd.rank(), result)
     if hvd.rank() == 0:
         print(json.dumps({"result": result}), flush=True)
+
+
+def warm_up_until_tuned(model, data, steps):
+    """More warm-up fits of `steps` steps until every rank's autotune froze its values (ranks see it
+    at different times: they agree, by a Min over the ranks, after each fit, so they fit alike)."""
+    import mlsl_tf
+    import tensorflow as tf
+    while True:
+        frozen = float(mlsl_tf.stats()["autotune"]["frozen"])
+        if mlsl_tf.allreduce(tf.constant(frozen), op=mlsl_tf.Min, name="training.autotune_frozen").numpy() == 1:
+            return
+        model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
 
 
 def comm_only(ns, hvd, tf, model, batch, warmup, steps, thread_cpu):
@@ -600,7 +630,7 @@ def plot(summaries, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = sorted({(r["model"], r["link"]) for r in summaries})
-    order = [c for c in CONFIGS if any(r["config"] == c for r in summaries)]
+    order = [c for c in CONFIGS + AUTOTUNE_CONFIGS if any(r["config"] == c for r in summaries)]
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.2), squeeze=False)
     for ax, (model, link) in zip(axes[0], groups):
         rows = {r["config"]: r for r in summaries if r["model"] == model and r["link"] == link}
@@ -738,8 +768,9 @@ def parse(argv):
     p.add_argument("--impl", default="mlsl_tf", help=argparse.SUPPRESS)
     p.add_argument("--out-dir", help=argparse.SUPPRESS)  # where each rank writes its own figures
     ns = p.parse_args(argv)
+    ns.configs = [x for c in ns.configs for x in (list(GRID) if c == "grid" else [c])]  # "grid": all its points
     if not ns.worker:
-        bad = [m for m in ns.models if m not in MODELS] + [c for c in ns.configs if c not in CONFIGS]
+        bad = [m for m in ns.models if m not in MODELS] + [c for c in ns.configs if c not in CONFIGS + AUTOTUNE_CONFIGS]
         if bad:
             p.error(f"unknown model/config: {', '.join(bad)}")
         if ns.runs < 1 or ns.np < 2:

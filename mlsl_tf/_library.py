@@ -134,7 +134,9 @@ def stats():
     into their input's buffer), preemptions, fused_buffers, fused_tensors, wait_by_priority
     ({priority: {count, total_s, mean_s}}) and ways ({way: count}: how the collectives and the
     allreduce chunks ran, e.g. eager, chunks, ring_allreduce, native_allreduce, broadcast; the
-    choice is ops/core/operations.h's)."""
+    choice is ops/core/operations.h's) and autotune ({enabled, frozen, values: the tuned settings'
+    values in force, tuned, candidates, applied: [[cycle, final, value...]] -- the same on every
+    rank}; None until the background thread has started: docs/autotune.md)."""
     import json
 
     raw = c_api().mlsl_tf_stats_json()

@@ -63,7 +63,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ssh_options(p)
     _add_elastic_options(p)
     for flag in ENV_FLAGS:
-        p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help_text)
+        if flag.switch:
+            p.add_argument(flag.option, dest=_flag_dest(flag), action="store_const", const="on", help=flag.help_text)
+        else:
+            p.add_argument(flag.option, dest=_flag_dest(flag), metavar="VALUE", help=flag.help_text)
     p.add_argument("command", nargs=argparse.REMAINDER,
                    help="the program every rank runs, e.g. python train.py")
     return p
@@ -118,7 +121,7 @@ _VALUE_OPTIONS = frozenset({"-np", "--num-proc", "-H", "--hosts", "--hostfile", 
                             "--min-np", "--min-num-proc", "--max-np", "--max-num-proc",
                             "--host-discovery-script", "--slots-per-host", "--slots", "--elastic-timeout",
                             "--reset-limit", "--network-interface", "--network-interfaces"}
-                           | {f.option for f in ENV_FLAGS})
+                           | {f.option for f in ENV_FLAGS if not f.switch})
 
 
 def _join_option_values(argv: Sequence[str], options: Iterable[str]) -> list[str]:

@@ -26,6 +26,7 @@ class EnvFlag:
     default (None: the variable is unset by default), shown in --help;
     tests/unit/test_settings_owner.py checks it against the library's table,
     which owns the default.  Adding such a flag is one entry in ENV_FLAGS.
+    A ``switch`` takes no value: given, its text is ``"on"`` (``--autotune``).
     """
 
     option: str
@@ -33,6 +34,7 @@ class EnvFlag:
     convert: Callable[[str], str]
     help: str
     default: Optional[str] = None
+    switch: bool = False
 
     @property
     def help_text(self) -> str:
@@ -79,6 +81,19 @@ def _binding(text: str) -> str:
     return text
 
 
+def _on_off(text: str) -> str:
+    if text not in ("on", "off"):
+        raise ValueError(f"expected 'on' or 'off', got {text!r}")
+    return "1" if text == "on" else "0"
+
+
+def _count(text: str) -> str:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"expected an integer >= 0, got {text!r}")
+    return str(value)
+
+
 def _path(text: str) -> str:
     if not text:
         raise ValueError("expected a file path")
@@ -101,6 +116,16 @@ ENV_FLAGS: tuple[EnvFlag, ...] = (
             "bound them; none: leave them", "auto"),
     EnvFlag("--timeline-filename", "MLSL_TF_TIMELINE", _path,
             "write a Chrome-trace timeline (rank 0; '{rank}' in the name: every rank; default: none)"),
+    EnvFlag("--autotune", "MLSL_TF_AUTOTUNE", _on_off,
+            "in the first steps, time candidate in-flight windows and spin times (the settings that change "
+            "no result bit) and keep the fastest, the same on every rank (docs/autotune.md)", "off", switch=True),
+    EnvFlag("--autotune-log-file", "MLSL_TF_AUTOTUNE_LOG", _path,
+            "autotune: rank 0 writes what it tried, the seconds per step of each, and what won to this CSV "
+            "file (default: none)"),
+    EnvFlag("--autotune-warmup-samples", "MLSL_TF_AUTOTUNE_WARMUP_SAMPLES", _count,
+            "autotune: samples' worth of steps discarded before the first sample", "3"),
+    EnvFlag("--autotune-steps-per-sample", "MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE", _positive_int,
+            "autotune: training steps timed per sample", "10"),
 )
 
 

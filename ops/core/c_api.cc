@@ -1,6 +1,9 @@
 #include "c_api.h"
 
+#include <cerrno>
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <future>
 #include <mutex>
 #include <string>
@@ -42,8 +45,9 @@ int Query(int (*get)(const Runtime&)) {
 // Compares the settings that shape the collectives (settings.h: `agreed`) across ranks: with
 // different values ranks would start different MPI operations and hang. Every rank gathers
 // every rank's values, so every rank fails with the same message, naming setting and values.
-Status AgreeOnSettings(Communicator* comm) {
-  const std::string mine = AgreedSettings();
+// `extra`: more "NAME=value\n" lines to compare.
+Status AgreeOnSettings(Communicator* comm, const std::string& extra) {
+  const std::string mine = AgreedSettings() + extra;
   const int n = comm->size();
   std::vector<int64_t> lengths;
   std::string all;
@@ -74,6 +78,35 @@ Status AgreeOnSettings(Communicator* comm) {
   }
   if (!error.empty()) error.pop_back();
   return error.empty() ? Status::Ok() : Status::InvalidArgument(error);
+}
+
+// Under autotune, the knobs the environment sets (never tuned) as a line for AgreeOnSettings:
+// rank 0 decides what is tuned, so every rank must mean the same.
+std::string AutotuneFixed(const TuneOptions& tune) {
+  if (!tune.enabled) return "";
+  std::string names;
+  for (int k = 0; k < kTuneKnobs; ++k) if (tune.fixed[k]) names += (names.empty() ? "" : " ") + std::string(Tuner::Name(k));
+  return "MLSL_TF_AUTOTUNE's settings set in the environment (not tuned)=" + (names.empty() ? "none" : names) + "\n";
+}
+
+// Rank 0 starts the autotune log (its CSV header); a file it cannot write fails init on every rank.
+Status StartAutotuneLog(Communicator* comm, const TuneOptions& tune) {
+  std::string mine;
+  if (comm->rank() == 0 && tune.enabled && !tune.log.empty()) {
+    std::FILE* f = std::fopen(tune.log.c_str(), "w");
+    const int error = f ? 0 : errno;
+    const std::string header = Tuner::LogHeader();
+    if (!f || std::fwrite(header.data(), 1, header.size(), f) != header.size()) {
+      mine = "mlsl_tf: rank 0 cannot write the autotune log " + tune.log + " (" + SettingSource("MLSL_TF_AUTOTUNE_LOG") +
+             "): " + std::strerror(error ? error : EIO);
+    }
+    if (f && std::fclose(f) != 0 && mine.empty()) mine = "mlsl_tf: rank 0 cannot write the autotune log " + tune.log;
+  }
+  std::vector<int64_t> lengths;
+  std::string all;
+  Status s = AllgatherStrings(comm, mine, &lengths, &all);
+  if (!s.ok()) return s;
+  return all.empty() ? Status::Ok() : Status::InvalidArgument(all);
 }
 
 // Submits an add_group / remove_group request and waits for it (it needs every rank).
@@ -118,7 +151,9 @@ extern "C" int mlsl_tf_init(void) {
   std::unique_ptr<mlsl::Communicator> comm;
   mlsl::Status s = mlsl::CreateMpiCommunicator(&comm);
   if (!s.ok()) return mlsl::Fail(s.message());
-  s = mlsl::AgreeOnSettings(comm.get());
+  s = mlsl::AgreeOnSettings(comm.get(), mlsl::AutotuneFixed(options.engine.tune));
+  if (!s.ok()) return mlsl::Fail(s.message());
+  s = mlsl::StartAutotuneLog(comm.get(), options.engine.tune);
   if (!s.ok()) return mlsl::Fail(s.message());
   auto timeline = std::make_unique<mlsl::Timeline>();
   s = mlsl::OpenTimelineAtInit(comm.get(), timeline.get(), options);

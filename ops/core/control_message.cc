@@ -22,7 +22,7 @@ int64_t Words(int64_t bits) { return (bits + 63) / 64; }
 void ControlMessage::Encode(std::vector<uint64_t>* out) const {
   const int64_t ranks = int64_t(joined.size()), rank_words = Words(ranks);
   const int64_t k = 1 + 2 * rank_words + int64_t(ready.size());
-  const int64_t m = int64_t(units_done.size()) + 3;
+  const int64_t m = int64_t(units_done.size()) + 3 + kTuneWords;
   out->assign(size_t(1 + k + m + int64_t(eager.size())), ~uint64_t(0));
   uint64_t* w = out->data();
   w[0] = uint64_t(k) | (uint64_t(m) << 32);
@@ -43,13 +43,14 @@ void ControlMessage::Encode(std::vector<uint64_t>* out) const {
   mins[g] = ~uint64_t(wanted_eager);
   mins[g + 1] = fingerprint;
   mins[g + 2] = ~fingerprint;
+  std::copy(tune.begin(), tune.begin() + std::min<int64_t>(int64_t(tune.size()), kTuneWords), mins + g + 3);
   std::copy(eager.begin(), eager.end(), mins + m);
 }
 
 void ControlMessage::Decode(const uint64_t* w, int64_t count, int ranks) {
   const int64_t rank_words = Words(ranks);
   const int64_t k = count > 0 ? int64_t(w[0] & 0xffffffff) : 0, m = count > 0 ? int64_t(w[0] >> 32) : 0;
-  agrees = count >= 2 && (w[1] & kLayoutAgrees) && k >= 1 + 2 * rank_words && m >= 3 && 1 + k + m <= count;
+  agrees = count >= 2 && (w[1] & kLayoutAgrees) && k >= 1 + 2 * rank_words && m >= 3 + kTuneWords && 1 + k + m <= count;
   if (!agrees) return;
   announces = !(w[1] & kNobodyAnnounces);
   busy = !(w[1] & kNobodyBusy);
@@ -65,11 +66,12 @@ void ControlMessage::Decode(const uint64_t* w, int64_t count, int ranks) {
   }
   ready.assign(w + 2 + 2 * rank_words, w + 1 + k);
   const uint64_t* mins = w + 1 + k;
-  const int64_t g = m - 3;
+  const int64_t g = m - 3 - kTuneWords;
   units_done.assign(mins, mins + g);
   wanted_eager = int64_t(~mins[g]);
   fingerprint = mins[g + 1];
   agrees = mins[g + 1] == ~mins[g + 2];  // the least fingerprint is also the largest: all equal
+  tune.assign(mins + g + 3, mins + g + 3 + kTuneWords);
   eager.assign(mins + m, w + count);
 }
 

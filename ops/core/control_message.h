@@ -3,10 +3,12 @@
 // handed to Communicator::AllreduceWords) and reading the combined words back (Decode).
 //
 // Layout: [k | m << 32] [flags] [joined ranks] [shut-down ranks] [ready ids]   -- k words, AND
-//         [units done per group] [wanted eager region] [fingerprint] [~fingerprint] -- m words, MIN
+//         [units done per group] [wanted eager region] [fingerprint] [~fingerprint]
+//         [tune: kTuneWords]                                                   -- m words, MIN
 //         [eager region (eager.h)]                                             -- CombineEager
 // Flags and per-rank bits travel inverted, so the AND works as an OR for them ("some rank");
-// the wanted region travels complemented, so the MIN is a MAX. Word 0 is the layout: when two
+// the wanted region travels complemented, so the MIN is a MAX; the tuner's words are all ones
+// on every rank but rank 0 (tuner.h), so the MIN is rank 0's. Word 0 is the layout: when two
 // ranks' layouts differ nothing past the flags means the same, so Combine clears the flag
 // kLayoutAgrees instead and Decode reports agrees = false.
 #pragma once
@@ -33,6 +35,8 @@ struct ControlMessage {
   int64_t wanted_eager = 0;     // words of eager region wanted next cycle. Decoded: the most.
   uint64_t fingerprint = 0;     // of the id table
   std::vector<uint64_t> eager;  // this cycle's eager region (eager.h); its size is agreed
+  // kTuneWords words: rank 0's autotune proposal, all ones elsewhere (tuner.h). Decoded: rank 0's.
+  std::vector<uint64_t> tune;
   // Decoded only: every rank sent the same layout and the same fingerprint.
   bool agrees = true;
 
@@ -46,6 +50,10 @@ struct ControlMessage {
   // inout = inout (combined with) in, over `count` words: Communicator::AllreduceWords's rule.
   static void Combine(const uint64_t* in, uint64_t* inout, int64_t count);
 };
+
+// Words of the autotune proposal (tuner.h: its kind, then one value per tuned knob); a shorter
+// `tune` is sent padded with all ones (no proposal).
+constexpr int64_t kTuneWords = 3;
 
 // Bit of the flags word (word 1) that Combine clears when two messages' layouts (word 0)
 // differ; the rest of such a message is left as it was.

@@ -1,6 +1,8 @@
 // Engine: construction, intake, Step and the exchanges in flight (engine.h).
 #include "engine.h"
 
+#include <algorithm>
+
 #include "logging.h"
 #include "mpi_checks.h"
 
@@ -12,11 +14,23 @@ Engine::Engine(std::unique_ptr<Communicator> comm, std::unique_ptr<Communicator>
       control_comm_(std::move(control)),
       stats_(stats),
       options_(options),
-      groups_(comm_.get(), timeline, stats, options.scheduler),
+      groups_(comm_.get(), timeline, stats, WithSlots(options)),
       names_(comm_->size(), options.cache_capacity),
       eager_(options.eager_bytes, comm_->rank(), comm_->size(), timeline, stats),
       stalls_(options.stall_warning, options.stall_shutdown) {
   round_.joined_before.assign(size_t(comm_->size()), false);
+  TuneOptions tune = options.tune;
+  tune.initial[kTuneInflight] = options.scheduler.inflight;
+  round_.tuner = Tuner(tune, comm_->rank());
+  stats_->Autotune(round_.tuner.Json());
+}
+
+SchedulerOptions Engine::WithSlots(const EngineOptions& options) {
+  SchedulerOptions s = options.scheduler;
+  // Depends only on agreed settings (MLSL_TF_AUTOTUNE, MLSL_TF_INFLIGHT): unit seq runs on slot
+  // seq % slots on every rank.
+  if (options.tune.enabled) s.slots = std::max(s.inflight, int(Tuner::MostInflight()));
+  return s;
 }
 
 Engine::~Engine() = default;
@@ -82,6 +96,7 @@ void Engine::Intake(std::unique_ptr<Request> r) {
     pending_.SetJoin(std::move(r), rank());
     return;
   }
+  round_.tuner.Submitted(r->name, now_);  // rank 0 times steps
   std::string group_error = groups_.Refusal(*r);
   if (!group_error.empty()) {
     r->done(Status::InvalidArgument(group_error));

@@ -16,6 +16,8 @@
 //   4. if some rank announced, allgather the announcements (a sub-step) and let the
 //      (replicated) Coordinator decide: agreed names are ready everywhere at once, errors fail
 //      everywhere;
+//   4b. apply the autotune values the combined message carries (tuner.h: rank 0's proposal), so
+//      every rank changes its in-flight window and spin in the same cycle;
 //   5. queue the agreed ids in their group's Scheduler, which starts chunks most-urgent-first
 //      up to a window that is common knowledge (the least of every member's completed units,
 //      carried in step 2, plus the in-flight window) -- identically on all members.
@@ -49,6 +51,7 @@
 #include "stats.h"
 #include "string_gather.h"
 #include "timeline.h"
+#include "tuner.h"
 
 namespace mlsl {
 
@@ -111,6 +114,9 @@ class Engine {
   int rank() const { return comm_->rank(); }
   int size() const { return comm_->size(); }
   uint64_t cycles() const { return round_.count; }
+  // The spin (MLSL_TF_SPIN_US) and in-flight window (MLSL_TF_INFLIGHT) in force: autotune's.
+  std::chrono::microseconds spin() const { return std::chrono::microseconds(round_.tuner.value(kTuneSpinUs)); }
+  int inflight() const { return int(round_.tuner.value(kTuneInflight)); }
 
  private:
   // Where the cycle stands: between cycles, or waiting for the exchange of one of its steps.
@@ -132,6 +138,7 @@ class Engine {
     std::vector<int32_t> agreed;     // ids agreed this cycle
     std::vector<bool> joined_before; // the joins seen in earlier cycles (until the join completes)
     int last_joined = -1;
+    Tuner tuner;                     // autotune: what rank 0 proposes and this rank applied
   };
   struct Closure {
     bool closed = false;
@@ -140,6 +147,8 @@ class Engine {
   };
 
   // engine.cc: intake and the exchanges in flight.
+  // The scheduler options groups get: as many slots as autotune's widest window.
+  static SchedulerOptions WithSlots(const EngineOptions& options);
   void Intake(std::unique_ptr<Request> r);
   void Advance(StepResult* result);      // tests the exchange in flight; moves past those done
   Communicator* control() { return control_comm_ ? control_comm_.get() : comm_.get(); }

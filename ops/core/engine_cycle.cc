@@ -55,6 +55,7 @@ void Engine::FillMessage() {
   }
   m.units_done = groups_.UnitsDone();
   m.fingerprint = names_.coordinator().fingerprint();
+  round_.tuner.Fill(&m.tune);
 }
 
 void Engine::OnControl(StepResult* result) {
@@ -128,6 +129,8 @@ void Engine::Dispatch(StepResult* result) {
   }
   std::sort(round_.agreed.begin(), round_.agreed.end());
   const uint64_t cycle = ++round_.count;
+  // Before any unit starts this cycle, on every rank alike.
+  if (round_.tuner.Apply(m.tune, cycle)) stats_->Autotune(round_.tuner.Json());
   // Every rank has the same valid entries: those every rank contributed, reduced.
   std::vector<int32_t> eager;
   std::string error = eager_.Finish(m.eager, names_.coordinator(), &pending_, round_.started, now_, &eager);
@@ -141,7 +144,7 @@ void Engine::Dispatch(StepResult* result) {
     names_.coordinator().Touch(id, cycle);
     if (!std::binary_search(eager.begin(), eager.end(), id)) Queue(id);
   }
-  if (groups_.StartUnits(m.units_done, round_.joined, options_.scheduler.inflight, now_)) result->started_units = true;
+  if (groups_.StartUnits(m.units_done, round_.joined, inflight(), now_)) result->started_units = true;
   names_.ForgetOrDrain(m, cycle, stats_);
   // Join completes in the same cycle everywhere: all joined, nothing in flight anywhere and
   // nothing new -- all three facts come from the control message, so every rank sees them.

@@ -34,6 +34,14 @@ RuntimeOptions RuntimeOptionsFromSettings() {
   o.comm_nice = int(SettingInt("MLSL_TF_COMM_NICE"));
   o.timeline = SettingString("MLSL_TF_TIMELINE");
   o.timeline_variable = SettingSource("MLSL_TF_TIMELINE");
+  TuneOptions& t = e.tune;
+  t.enabled = SettingFlag("MLSL_TF_AUTOTUNE");
+  t.warmup_samples = int(SettingInt("MLSL_TF_AUTOTUNE_WARMUP_SAMPLES"));
+  t.steps_per_sample = int(SettingInt("MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE"));
+  t.log = SettingString("MLSL_TF_AUTOTUNE_LOG");
+  t.initial[kTuneInflight] = e.scheduler.inflight;
+  t.initial[kTuneSpinUs] = o.spin.count();
+  for (int k = 0; k < kTuneKnobs; ++k) t.fixed[k] = SettingIsSet(Tuner::Name(k));
   return o;
 }
 

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "scheduler.h"
+#include "tuner.h"
 #include "types.h"
 
 namespace mlsl {
@@ -20,6 +21,9 @@ struct EngineOptions {
   std::chrono::seconds stall_shutdown{0};            // MLSL_TF_STALL_SHUTDOWN_SECONDS (0: never)
   size_t cache_capacity = 4096;                      // MLSL_TF_CACHE_CAPACITY
   int64_t eager_bytes = 8192;                        // MLSL_TF_EAGER_BYTES (0: none)
+  // MLSL_TF_AUTOTUNE and its settings; the Engine takes the tuned knobs' starting values from
+  // scheduler.inflight and the Runtime's spin.
+  TuneOptions tune;
 };
 
 // What the Runtime (runtime.h) takes: the engine's, and the policy of its background thread.

@@ -109,7 +109,9 @@ void Runtime::Loop() {
   for (int r = 0; r < size_; ++r) everyone[r] = r;
   Status s = comm_->Split(everyone, &control);
   if (!s.ok()) Log(LogLevel::kWarning, "no separate control communicator (" + s.message() + ")");
-  engine_ = std::make_unique<Engine>(std::move(comm_), std::move(control), timeline_.get(), &stats_, options_.engine);
+  EngineOptions engine_options = options_.engine;
+  engine_options.tune.initial[kTuneSpinUs] = options_.spin.count();  // autotune starts from it
+  engine_ = std::make_unique<Engine>(std::move(comm_), std::move(control), timeline_.get(), &stats_, engine_options);
   IdlePacer pacer(options_.heartbeat);
   while (true) {
     BetweenCycles(engine_.get(), pacer);
@@ -152,7 +154,7 @@ void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, co
     // Just finished something: the next request usually follows within microseconds, so poll
     // briefly before sleeping (an idle process still sleeps, a busy one does not pay a
     // wake-up per collective).
-    const auto until = last_progress_ + options_.spin;
+    const auto until = last_progress_ + engine.spin();  // MLSL_TF_SPIN_US, or autotune's
     while (incoming_.empty() && !stop_requested_ && !timeline_change_ && Clock::now() < until) {
       lock->unlock();
       std::this_thread::yield();

@@ -14,7 +14,7 @@
 namespace mlsl {
 
 Scheduler::Scheduler(Communicator* comm, Timeline* timeline, Stats* stats, SchedulerOptions options)
-    : comm_(comm), timeline_(timeline), stats_(stats), options_(options), slots_(comm, options.inflight) {}
+    : comm_(comm), timeline_(timeline), stats_(stats), options_(options), slots_(comm, options.Slots()) {}
 
 // The transfers go first: they may use the works' buffers and the slots' communicators.
 Scheduler::~Scheduler() {
@@ -157,7 +157,7 @@ void Scheduler::StartChunk(Work* w) {
   unit->chunk = w->chunks++;
   unit->start = Now();
   // Each in-flight slot has its own communicator (slot_set.h).
-  const int slot_index = int(unit->seq % uint64_t(options_.inflight));
+  const int slot_index = int(unit->seq % uint64_t(options_.Slots()));
   Communicator* slot = slots_.Get(slot_index);
   const Way way = ChooseChunk(FactsOf(w->meta, n * int64_t(esize), options_.one_host, options_.ring_bytes));
   if (way == Way::kWireAllreduce) {
@@ -165,7 +165,7 @@ void Scheduler::StartChunk(Work* w) {
     const float* in = w->src ? reinterpret_cast<const float*>(w->src) + w->next : data;
     float* res_in = w->res_in.empty() ? nullptr : w->res_in.data() + w->next;
     float* res_out = w->res_out.empty() ? nullptr : w->res_out.data() + w->next;
-    // The slot's previous unit has completed (the window never lets more than `inflight` run).
+    // The slot's previous unit has completed (the window never lets more than `slots` run).
     // The average's division and the postscale happen on each rank's slice inside (Finalize skips them).
     unit->op = slot ? StartWireAllreduce(slot, in, data, n, w->meta.wire, w->meta.reduce_op,
                                          slots_.scratch(slot_index), res_in, res_out, PostFactor(*w))
@@ -237,7 +237,7 @@ void Scheduler::StartPiece(size_t at) {
   unit->chunk = w->chunks++;
   unit->start = Now();
   unit->bytes = 0;
-  Communicator* slot = slots_.Get(int(unit->seq % uint64_t(options_.inflight)));
+  Communicator* slot = slots_.Get(int(unit->seq % uint64_t(options_.Slots())));
   bool sync = false;
   if (slot) {
     unit->error = w->algo->Next(slot, &unit->op, &sync, &unit->bytes);
@@ -327,7 +327,7 @@ void Scheduler::Progress(Clock::time_point now) {
     }
     Work* w = u->work;
     if (timeline_->enabled()) {
-      timeline_->Span(w->label(), "chunk", "inflight " + std::to_string(u->seq % options_.inflight), u->start,
+      timeline_->Span(w->label(), "chunk", "inflight " + std::to_string(u->seq % uint64_t(options_.Slots())), u->start,
                       Now(),
                       "{\"bytes\": " + std::to_string(u->bytes) + ", \"chunk\": " + std::to_string(u->chunk) +
                           ", \"priority\": " + std::to_string(w->meta.priority) + "}");

@@ -62,6 +62,11 @@ struct SchedulerOptions {
   // chunks of at least ring_bytes run as the ring (operations.h).
   bool one_host = false;
   int64_t ring_bytes = 262144;  // MLSL_TF_RING_BYTES
+  // In-flight slots (communicators) unit seq maps to, seq % slots; 0: `inflight`. More than
+  // `inflight` when autotune may widen the window (the owner's StartUpTo limit): the slots of the
+  // units in flight stay distinct whatever window in [1, slots] was in force when each started.
+  int slots = 0;
+  int Slots() const { return slots > 0 ? slots : inflight; }
 };
 
 class Scheduler {

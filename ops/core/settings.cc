@@ -92,6 +92,23 @@ constexpr SettingInfo kTable[] = {
    "1: DistributedOptimizer / DistributedGradientTape apply each variable's update just before its next "
    "access (the next forward pass), so reductions overlap the next step; 0: apply inside the step",
    T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no"},
+  {"MLSL_TF_AUTOTUNE", "0",
+   "1: in the first steps rank 0 times training steps under candidate values of the settings that change no "
+   "result bit (MLSL_TF_INFLIGHT, MLSL_TF_SPIN_US; one set in the environment stays), every rank applies each "
+   "choice in the same cycle, and the fastest is frozen (docs/autotune.md; also read as HOROVOD_AUTOTUNE)",
+   T::kChoice, 0, 0, "1|0|true|false|on|off|yes|no", true, "HOROVOD_AUTOTUNE"},
+  {"MLSL_TF_AUTOTUNE_LOG", "",
+   "autotune: rank 0 writes a CSV row per sample (the values tried, seconds per step) and a final row (what won, "
+   "the cycle and step it froze at) to this file (also read as HOROVOD_AUTOTUNE_LOG)",
+   T::kText, 0, INT64_MAX, "", false, "HOROVOD_AUTOTUNE_LOG"},
+  {"MLSL_TF_AUTOTUNE_WARMUP_SAMPLES", "3",
+   "autotune: samples' worth of steps discarded before the first sample (also read as "
+   "HOROVOD_AUTOTUNE_WARMUP_SAMPLES)",
+   T::kInt, 0, 1000, "", false, "HOROVOD_AUTOTUNE_WARMUP_SAMPLES"},
+  {"MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE", "10",
+   "autotune: training steps timed per sample, their mean its score (also read as "
+   "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE)",
+   T::kInt, 1, 100000, "", false, "HOROVOD_AUTOTUNE_STEPS_PER_SAMPLE"},
   {"MLSL_TF_LOG_LEVEL", "warning", "core log level", T::kChoice, 0, 0, "debug|info|warning|error"},
   {"MLSL_TF_START_TIMEOUT", "",
    "seconds mlslrun waits for every rank to start (set by mlslrun --start-timeout; informational for ranks)",
@@ -282,6 +299,11 @@ std::string SettingString(const std::string& name) {
 }
 
 bool SettingFlag(const std::string& name) { return FlagValue(SettingString(name)); }
+
+bool SettingIsSet(const std::string& name) {
+  const SettingInfo& info = Find(name);
+  return Env(info.name) || Env(info.alias);
+}
 
 int64_t SettingInt(const std::string& name) {
   const SettingInfo& info = Find(name);

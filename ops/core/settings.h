@@ -56,6 +56,8 @@ std::string SettingString(const std::string& name);
 int64_t SettingInt(const std::string& name);
 // A yes/no setting (choices 1|0|true|false|on|off|yes|no): true for 1, true, on, yes.
 bool SettingFlag(const std::string& name);
+// Whether the environment sets the setting (itself or its alias, non-empty).
+bool SettingIsSet(const std::string& name);
 // The variable a setting's value comes from: its name, or its alias when only that is set.
 std::string SettingSource(const std::string& name);
 // "NAME=value\n" for every `agreed` setting, numbers parsed (so " 8 " and "8" compare equal).

@@ -23,7 +23,7 @@ std::string Stats::Json() const {
     os << (first ? "" : ", ") << "\"" << way << "\": " << n;
     first = false;
   }
-  os << "}}";
+  os << "}, \"autotune\": " << autotune_ << "}";
   return os.str();
 }
 

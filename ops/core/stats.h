@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <utility>
 
 namespace mlsl {
 
@@ -46,6 +47,8 @@ class Stats {
     auto it = ways_.find(way);
     return it == ways_.end() ? 0 : it->second;
   }
+  // The autotune state (tuner.h's Json), shown as "autotune".
+  void Autotune(std::string json) { std::lock_guard<std::mutex> l(mu_); autotune_ = std::move(json); }
   std::string Json() const;
 
  private:
@@ -61,7 +64,8 @@ class Stats {
   int64_t eager_ = 0;     // allreduces finished inside the control message
   int64_t in_place_ = 0;  // allreduces whose output is their input's buffer (TF forwarded it)
   std::map<int, std::pair<int64_t, double>> waits_;  // priority -> (count, total queue wait s)
-  std::map<std::string, int64_t, std::less<>> ways_;              // operations.h's way -> collectives or chunks run
+  std::map<std::string, int64_t, std::less<>> ways_;
+  std::string autotune_ = "null";  // until an engine exists              // operations.h's way -> collectives or chunks run
 };
 
 }  // namespace mlsl

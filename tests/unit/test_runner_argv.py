@@ -230,6 +230,27 @@ def test_scheduler_flags_become_rank_environment():
                    "MLSL_TF_INFLIGHT": "3", "MLSL_TF_BIND": "none"}
 
 
+def test_autotune_flags_become_rank_environment():
+    """--autotune takes no value (the next word stays the command); its log, warm-up and sample
+    flags take one each (horovodrun's names)."""
+    cfg = parse_args(["-np", "3", "--autotune", "--autotune-log-file", "tune.csv", "--autotune-warmup-samples", "0",
+                      "--autotune-steps-per-sample", "4", "python", "x.py"])
+    assert dict(cfg.flag_env) == {"MLSL_TF_AUTOTUNE": "1", "MLSL_TF_AUTOTUNE_LOG": "tune.csv",
+                                  "MLSL_TF_AUTOTUNE_WARMUP_SAMPLES": "0", "MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE": "4"}
+    assert cfg.command == ("python", "x.py")
+    cfg = parse_args(["-np", "2", "--autotune", "python", "x.py"])
+    assert dict(cfg.flag_env) == {"MLSL_TF_AUTOTUNE": "1"} and cfg.command == ("python", "x.py")
+    assert dict(parse_args(["-np", "2", "python", "x.py"]).flag_env) == {}  # off unless asked
+
+
+@pytest.mark.parametrize("argv", [["--autotune-log-file", ""], ["--autotune-warmup-samples", "-1"],
+                                  ["--autotune-steps-per-sample", "0"], ["--autotune-steps-per-sample", "x"],
+                                  ["--autotune=1"]])
+def test_autotune_flags_reject_bad_values(argv):
+    with pytest.raises(ValueError):
+        parse_args(["-np", "2", *argv, "python", "x.py"])
+
+
 @pytest.mark.parametrize("flag,value", [("--priority", "lifo"), ("--comm-core", "a"), ("--chunk-mb", "-1"), ("--chunk-mb", "0"),
                                         ("--inflight", "0"), ("--bind", "core")])
 def test_scheduler_flags_reject_bad_values(flag, value):

@@ -40,6 +40,10 @@ PYTHON_NAMES = {
     ("runner/rank_env.py", "MLSL_TF_BIND"): _SETS,
     ("runner/rank_env.py", "MLSL_TF_TIMELINE"): _SETS,
     ("runner/rank_env.py", "MLSL_TF_START_TIMEOUT"): _SETS,
+    ("runner/rank_env.py", "MLSL_TF_AUTOTUNE"): _SETS,
+    ("runner/rank_env.py", "MLSL_TF_AUTOTUNE_LOG"): _SETS,
+    ("runner/rank_env.py", "MLSL_TF_AUTOTUNE_WARMUP_SAMPLES"): _SETS,
+    ("runner/rank_env.py", "MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE"): _SETS,
 }
 
 
@@ -99,7 +103,9 @@ def test_values_mlslrun_writes_pass_the_librarys_check(tmp_path):
     second included), is accepted by init(), which refuses any value its table does not allow."""
     cfg = parse_args(["-np", "1", "--fusion-threshold-mb", "2.5", "--chunk-mb", "0.75", "--inflight", "8",
                       "--priority", "fifo", "--comm-core", "0", "--bind", "none",
-                      "--timeline-filename", str(tmp_path / "t.json"), "--start-timeout", "2.5", "python"])
+                      "--timeline-filename", str(tmp_path / "t.json"), "--start-timeout", "2.5",
+                      "--autotune", "--autotune-log-file", str(tmp_path / "autotune.csv"),
+                      "--autotune-warmup-samples", "0", "--autotune-steps-per-sample", "2", "python"])
     written = dict(rank_env.resolve_env(cfg, {}))
     assert set(written) == {f.env_var for f in rank_env.ENV_FLAGS} | {rank_env.START_TIMEOUT_ENV}
     assert written[rank_env.START_TIMEOUT_ENV] == "3"  # whole seconds, rounded up

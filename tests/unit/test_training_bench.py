@@ -39,6 +39,19 @@ def test_mlsl_configurations_run_under_mlslrun_with_their_settings():
     assert env["MLSL_TF_CROSS_ITERATION"] == "0" and env["MLSL_TF_TIMELINE"] == "/t.json"
 
 
+def test_autotune_and_its_grid_run_only_when_named():
+    """overlap_autotune turns autotune on; grid_inflight<I>_spin<S> fixes one combination of the
+    candidates autotune searches; neither is in the default --configs (docs/autotune.md)."""
+    _, env = training.job_argv(_ns(), "resnet50", "overlap_autotune", [])
+    assert env["MLSL_TF_AUTOTUNE"] == "1" and "MLSL_TF_INFLIGHT" not in env
+    _, env = training.job_argv(_ns(), "vgg16", "grid_inflight16_spin50", [])
+    assert env["MLSL_TF_INFLIGHT"] == "16" and env["MLSL_TF_SPIN_US"] == "50" and "MLSL_TF_AUTOTUNE" not in env
+    assert len([c for c in training.AUTOTUNE_CONFIGS if c.startswith("grid_")]) == 5 * 4
+    assert not set(training.AUTOTUNE_CONFIGS) & set(training.parse([]).configs)
+    assert training.parse(["--configs", "overlap,overlap_autotune,grid_inflight1_spin0"]).configs[1] == "overlap_autotune"
+    assert training.parse(["--configs", "overlap,grid"]).configs == ["overlap"] + list(training.GRID)
+
+
 def test_horovod_runs_under_its_own_mpiexec():
     argv, env = training.job_argv(_ns(steps=7), "vgg16", "horovod", [])
     assert argv[:3] == ["/hvd/bin/mpiexec", "-n", "2"] and argv[3] == "/hvd/bin/python"
