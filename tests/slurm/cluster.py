@@ -16,12 +16,9 @@ the namespaces, their /etc/netns entries and the temporary directory.
 import importlib.util
 import os
 import re
-import shlex
 import shutil
 import signal
 import subprocess
-import sys
-import tempfile
 import time
 
 
@@ -54,8 +51,6 @@ SLURMD_TIMEOUT_S = 6
 KILL_WAIT_S = 5
 START_TIMEOUT_S = 60.0
 
-# Run in a host: its own host name, then the command.
-_IN_HOST = 'hostname "$0" && exec "$@"'
 # A host's slurmd (and so every task it starts): its own host name and its own /dev/shm, as on
 # separate machines -- MPICH names a node's shared-memory segment after the job, so the ranks of
 # two hosts sharing one /dev/shm would open each other's.
@@ -115,63 +110,32 @@ def cgroup_conf_text(tmp):
     return f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={tmp}/cgroup\n"
 
 
-class SlurmCluster:
+class SlurmCluster(emulated_ssh.EmulatedHosts):
     """``count`` emulated hosts running a SLURM cluster, for a ``with`` block."""
 
+    WHAT = "emulated SLURM"
+
     def __init__(self, count=2):
-        self.count = count
-        self.tmp = None
-        self.net = None
+        super().__init__(count)
         self.munged = None
         self.slurmctld = None
         self.slurmd = {}
-        self.etc_dirs = []
+
+    def problems(self):
+        return missing_prerequisites()
 
     # -------------------------------------------------------------- setup
 
-    def __enter__(self):
-        problems = missing_prerequisites()
-        if problems:
-            raise RuntimeError("the emulated SLURM cluster cannot start here: " + "; ".join(problems))
-        try:
-            self._start()
-        except BaseException:
-            self.close()
-            raise
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-        return False
-
-    def path(self, *parts):
-        return os.path.join(self.tmp, *parts)
-
     def _start(self):
-        self.tmp = tempfile.mkdtemp(prefix="mlsl-slurm-")
+        self._make_hosts("mlsl-slurm-")
         os.chmod(self.tmp, 0o755)  # munged checks the directories above its files
         for d in ("munge", "ctld", "spool", "jobs"):
             os.mkdir(self.path(d), 0o700 if d == "munge" else 0o755)
-        self.net = hosts.Hosts(self.count, None)
-        try:
-            self.net.__enter__()
-        except RuntimeError as e:
-            self.net = None
-            raise RuntimeError(f"cannot make the hosts' network namespaces (root and network namespaces "
-                               f"needed): {e}") from None
-        for i in range(self.count):
-            d = os.path.join("/etc/netns", self.namespace(i))
-            os.makedirs(d)
-            self.etc_dirs.append(d)
-            with open(os.path.join(d, "hosts"), "w") as f:
-                f.write(emulated_ssh.etc_hosts_text(self.count))
         self._start_munged()
         with open(self.path("plugstack.conf"), "w"):
             pass  # no SPANK plugins (this machine's /etc/slurm/plugstack.conf is not read)
-        with open(self.path("slurm.conf"), "w") as f:
-            f.write(slurm_conf_text(self.tmp, self.count))
-        with open(self.path("cgroup.conf"), "w") as f:
-            f.write(cgroup_conf_text(self.tmp))
+        self._write(self.path("slurm.conf"), slurm_conf_text(self.tmp, self.count))
+        self._write(self.path("cgroup.conf"), cgroup_conf_text(self.tmp))
         os.mkdir(self.path("cgroup"))
         self.slurmctld = self._daemon(0, "slurmctld", [SLURMCTLD, "-D", "-i"])
         for i in range(self.count):
@@ -199,18 +163,12 @@ class SlurmCluster:
     def munge_socket(self):
         return self.path("munge", "munge.socket")
 
-    def namespace(self, i):
-        return hosts.host_namespace(self.net.prefix, i)
-
     def _daemon(self, i, name, argv, own_shm=False):
         """``argv`` started in host ``i`` (its namespace and host name; with ``own_shm`` its own
         /dev/shm); output to tmp/<name>.out."""
-        if own_shm:
-            full = ["ip", "netns", "exec", self.namespace(i), "unshare", "--uts", "--mount", "sh", "-c",
-                    _SLURMD_IN_HOST, host_name(i)] + argv
-        else:
-            full = ["ip", "netns", "exec", self.namespace(i), "unshare", "--uts", "sh", "-c", _IN_HOST,
-                    host_name(i)] + argv
+        in_host = (["unshare", "--uts", "--mount", "sh", "-c", _SLURMD_IN_HOST, host_name(i)] + argv if own_shm
+                   else self.in_host(i, argv))
+        full = ["ip", "netns", "exec", self.namespace(i)] + in_host
         log = open(self.path(f"{name}.out"), "a")
         with log:
             return subprocess.Popen(full, env=self.env(), stdin=subprocess.DEVNULL, stdout=log,
@@ -271,57 +229,12 @@ class SlurmCluster:
 
     def env(self, base=None):
         """An environment whose SLURM commands talk to this cluster."""
-        env = dict(os.environ if base is None else base)
+        env = super().env(base)
         env["SLURM_CONF"] = self.path("slurm.conf")
         for name in [n for n in env if n.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))]:
             if name != "SLURM_CONF":  # an outer job's settings would leak into this cluster's jobs
                 del env[name]
         return env
-
-    def run(self, argv, host=0, env=None, timeout=300, cwd=ROOT):
-        """Run ``argv`` on host ``host`` (its namespace and host name); (returncode, stdout,
-        stderr, seconds).  Past ``timeout`` the process group is killed and AssertionError raised."""
-        full = ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "sh", "-c", _IN_HOST,
-                host_name(host)] + list(argv)
-        start = time.monotonic()
-        proc = subprocess.Popen(full, env=self.env(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            out, err = self._stop(proc)
-            raise AssertionError(f"{shlex.join(argv)} on {host_name(host)} still ran after {timeout} s:\n"
-                                 f"{out[-3000:]}\n{err[-3000:]}") from None
-        except BaseException:
-            self._stop(proc)
-            raise
-        return proc.returncode, out, err, time.monotonic() - start
-
-    def start(self, argv, host=0, env=None, cwd=ROOT, output=None):
-        """Start ``argv`` on host ``host`` without waiting: the Popen (its own process group),
-        stdout and stderr into the file ``output`` (default: discarded)."""
-        full = ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "sh", "-c", _IN_HOST,
-                host_name(host)] + list(argv)
-        out = open(output, "w") if output else subprocess.DEVNULL
-        try:
-            return subprocess.Popen(full, env=self.env(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        finally:
-            if output:
-                out.close()
-
-    @staticmethod
-    def _stop(proc, grace_s=15):
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                return proc.communicate(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                continue
-        return proc.communicate()
 
     def scontrol(self, *args, timeout=30):
         code, out, err, _ = self.run(["scontrol", *args], timeout=timeout)
@@ -346,12 +259,6 @@ class SlurmCluster:
                 raise AssertionError(f"job {job_id} still {fields.get('JobState')} after {timeout} s: {fields}")
             time.sleep(0.25)
 
-    def pids(self, i):
-        """The processes running in host ``i``'s namespace."""
-        out = subprocess.run(["ip", "netns", "pids", self.namespace(i)], capture_output=True, text=True,
-                             check=False, timeout=30).stdout
-        return [int(p) for p in out.split() if p.isdigit()]
-
     def processes_with(self, i, marker):
         """{pid: command line} of host ``i``'s processes whose command line contains ``marker``."""
         found = {}
@@ -364,13 +271,6 @@ class SlurmCluster:
             if marker in cmdline:
                 found[pid] = cmdline
         return found
-
-    def rx_bytes(self, i):
-        """Bytes host ``i`` has received on its eth0."""
-        out = subprocess.run(["ip", "netns", "exec", self.namespace(i), "cat",
-                              f"/sys/class/net/{hosts.IFACE}/statistics/rx_bytes"],
-                             capture_output=True, text=True, check=True, timeout=30)
-        return int(out.stdout)
 
     # -------------------------------------------------------------- teardown
 
@@ -388,17 +288,7 @@ class SlurmCluster:
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-        if self.net is not None:
-            # Whatever is left in the hosts (slurmstepd, job scripts, ranks): only this run's
-            # processes live in these namespaces.
-            for i in range(self.count):
-                for pid in self.pids(i):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            self.net.close()
-            self.net = None
+        self._close_hosts()  # slurmstepd, job scripts, ranks left in the hosts
         if self.munged is not None:
             if self.munged.poll() is None:
                 self.munged.terminate()
@@ -408,13 +298,4 @@ class SlurmCluster:
                 self.munged.kill()
                 self.munged.wait()
             self.munged = None
-        for d in self.etc_dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        self.etc_dirs = []
-        try:
-            os.rmdir("/etc/netns")  # only when no other namespace has files there
-        except OSError:
-            pass
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
+        self._remove_files()

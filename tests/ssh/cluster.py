@@ -79,22 +79,27 @@ _IN_HOST = 'hostname "$0" && exec "$@"'
 _IN_HOST_HIDING = 'hostname "$0" && mount -t tmpfs -o size=64k,mode=755 mlsl-hidden "$1" && shift && exec "$@"'
 
 
-class SshCluster:
-    """``count`` emulated hosts with an sshd each, for a ``with`` block."""
+class EmulatedHosts:
+    """``count`` emulated hosts (namespaces, host names, /etc/hosts) and a temporary directory,
+    for a ``with`` block: what the ssh and the SLURM clusters share. A subclass says what it
+    lacks (``problems``), starts its daemons (``_start``, after ``_make_hosts``) and stops them
+    in ``close`` before ``_close_hosts``."""
 
-    def __init__(self, count=3, hide_python_on=(), python=sys.executable):
-        self.count, self.hide_python_on, self.python = count, tuple(hide_python_on), python
+    WHAT = "emulated"  # named in the error when the hosts cannot start
+
+    def __init__(self, count):
+        self.count = count
         self.tmp = None
         self.net = None
-        self.sshd = {}
         self.etc_dirs = []
 
-    # -------------------------------------------------------------- setup
+    def problems(self):
+        return missing_prerequisites()
 
     def __enter__(self):
-        problems = missing_prerequisites()
+        problems = self.problems()
         if problems:
-            raise RuntimeError("the emulated ssh cluster cannot start here: " + "; ".join(problems))
+            raise RuntimeError(f"the {self.WHAT} cluster cannot start here: " + "; ".join(problems))
         try:
             self._start()
         except BaseException:
@@ -106,11 +111,9 @@ class SshCluster:
         self.close()
         return False
 
-    def _start(self):
-        self.tmp = tempfile.mkdtemp(prefix="mlsl-ssh-")
-        self.key = self._keygen("id_ed25519")
-        self.wrong_key = self._keygen("wrong_key")
-        shutil.copy(self.key + ".pub", self.path("authorized_keys"))
+    def _make_hosts(self, prefix):
+        """The temporary directory, the namespaces and each host's /etc/hosts."""
+        self.tmp = tempfile.mkdtemp(prefix=prefix)
         self.net = hosts.Hosts(self.count, None)
         try:
             self.net.__enter__()
@@ -118,10 +121,144 @@ class SshCluster:
             self.net = None
             raise RuntimeError(f"cannot make the hosts' network namespaces (root and network namespaces "
                                f"needed): {e}") from None
+        for i in range(self.count):
+            d = os.path.join("/etc/netns", self.namespace(i))
+            os.makedirs(d)
+            self.etc_dirs.append(d)
+            self._write(os.path.join(d, "hosts"), etc_hosts_text(self.count))
+
+    def path(self, *parts):
+        return os.path.join(self.tmp, *parts)
+
+    @staticmethod
+    def _write(path, text):
+        with open(path, "w") as f:
+            f.write(text)
+
+    def namespace(self, i):
+        return hosts.host_namespace(self.net.prefix, i)
+
+    def pids(self, i):
+        """The processes running in host ``i``'s namespace."""
+        out = subprocess.run(["ip", "netns", "pids", self.namespace(i)], capture_output=True, text=True,
+                             check=False, timeout=30).stdout
+        return [int(p) for p in out.split() if p.isdigit()]
+
+    # -------------------------------------------------------------- use
+
+    def env(self, base=None):
+        return dict(os.environ if base is None else base)
+
+    @staticmethod
+    def in_host(host, argv):
+        """``argv`` run in host ``host``: its namespace and host name."""
+        return ["unshare", "--uts", "sh", "-c", _IN_HOST, host_name(host)] + list(argv)
+
+    def run(self, argv, host=0, env=None, timeout=300, cwd=ROOT):
+        """Run ``argv`` on host ``host`` (its namespace and host name); (returncode, stdout,
+        stderr, seconds).  Past ``timeout`` the process group is killed and AssertionError raised."""
+        full = ["ip", "netns", "exec", self.namespace(host)] + self.in_host(host, argv)
+        start = time.monotonic()
+        proc = subprocess.Popen(full, env=self.env(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            out, err = self._stop(proc)
+            raise AssertionError(f"{shlex.join(argv)} on {host_name(host)} still ran after {timeout} s:\n"
+                                 f"{out[-3000:]}\n{err[-3000:]}") from None
+        except BaseException:  # interrupted (SIGTERM, Ctrl-C): stop it, so it cleans up after itself
+            self._stop(proc)
+            raise
+        return proc.returncode, out, err, time.monotonic() - start
+
+    def start(self, argv, host=0, env=None, cwd=ROOT, output=None):
+        """Start ``argv`` on host ``host`` without waiting: the Popen (its own process group),
+        stdout and stderr into the file ``output`` (default: discarded)."""
+        full = ["ip", "netns", "exec", self.namespace(host)] + self.in_host(host, argv)
+        out = open(output, "w") if output else subprocess.DEVNULL
+        try:
+            return subprocess.Popen(full, env=self.env(env), cwd=cwd, stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.STDOUT, start_new_session=True)
+        finally:
+            if output:
+                out.close()
+
+    @staticmethod
+    def _stop(proc, grace_s=15):
+        """SIGTERM to the process group (mlslrun then stops its job and removes its files), SIGKILL
+        after ``grace_s``; the output it had written."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                pass
+            try:
+                return proc.communicate(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                continue
+        return proc.communicate()
+
+    def rx_bytes(self, i):
+        """Bytes host ``i`` has received on its eth0."""
+        out = subprocess.run(["ip", "netns", "exec", self.namespace(i), "cat",
+                              f"/sys/class/net/{hosts.IFACE}/statistics/rx_bytes"],
+                             capture_output=True, text=True, check=True, timeout=30)
+        return int(out.stdout)
+
+    # -------------------------------------------------------------- teardown
+
+    def _close_hosts(self):
+        """Kills whatever is left in the hosts (only this run's processes live in these
+        namespaces) and deletes the namespaces."""
+        if self.net is not None:
+            for i in range(self.count):
+                for pid in self.pids(i):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            self.net.close()
+            self.net = None
+
+    def _remove_files(self):
+        """The hosts' /etc/netns entries and the temporary directory."""
+        for d in self.etc_dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        self.etc_dirs = []
+        try:
+            os.rmdir("/etc/netns")  # only when no other namespace has files there
+        except OSError:
+            pass
+        if self.tmp is not None:
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            self.tmp = None
+
+    def close(self):
+        self._close_hosts()
+        self._remove_files()
+
+
+class SshCluster(EmulatedHosts):
+    """``count`` emulated hosts with an sshd each, for a ``with`` block."""
+
+    WHAT = "emulated ssh"
+
+    def __init__(self, count=3, hide_python_on=(), python=sys.executable):
+        super().__init__(count)
+        self.hide_python_on, self.python = tuple(hide_python_on), python
+        self.sshd = {}
+
+    # -------------------------------------------------------------- setup
+
+    def _start(self):
+        self._make_hosts("mlsl-ssh-")
+        self.key = self._keygen("id_ed25519")
+        self.wrong_key = self._keygen("wrong_key")
+        shutil.copy(self.key + ".pub", self.path("authorized_keys"))
         os.makedirs("/run/sshd", mode=0o755, exist_ok=True)  # sshd's privilege separation directory
         known = ""
         for i in range(self.count):
-            self._write_etc_hosts(i)
             host_key = self._keygen(f"host_key_{host_name(i)}")
             with open(host_key + ".pub") as f:
                 known += known_hosts_line(i, PORT, f.read())
@@ -138,28 +275,11 @@ class SshCluster:
         for i in range(self.count):
             self._wait_listening(i)
 
-    def path(self, *parts):
-        return os.path.join(self.tmp, *parts)
-
-    @staticmethod
-    def _write(path, text):
-        with open(path, "w") as f:
-            f.write(text)
-
     def _keygen(self, name):
         path = self.path(name)
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"mlsl-test-{name}", "-f", path],
                        check=True, capture_output=True)
         return path
-
-    def namespace(self, i):
-        return hosts.host_namespace(self.net.prefix, i)
-
-    def _write_etc_hosts(self, i):
-        d = os.path.join("/etc/netns", self.namespace(i))
-        os.makedirs(d)
-        self.etc_dirs.append(d)
-        self._write(os.path.join(d, "hosts"), etc_hosts_text(self.count))
 
     def _start_sshd(self, i, config):
         sshd = [SSHD, "-D", "-e", "-f", config]
@@ -167,7 +287,7 @@ class SshCluster:
             hidden = os.path.realpath(os.path.dirname(self.python))
             argv = ["unshare", "--uts", "--mount", "sh", "-c", _IN_HOST_HIDING, host_name(i), hidden] + sshd
         else:
-            argv = ["unshare", "--uts", "sh", "-c", _IN_HOST, host_name(i)] + sshd
+            argv = self.in_host(i, sshd)
         log = open(self.path(f"sshd_{host_name(i)}.log"), "w")
         with log:
             self.sshd[i] = subprocess.Popen(["ip", "netns", "exec", self.namespace(i)] + argv,
@@ -195,12 +315,6 @@ class SshCluster:
         self._start_sshd(i, self.path(f"sshd_{host_name(i)}.conf"))
         self._wait_listening(i)
 
-    def pids(self, i):
-        """The processes running in host ``i``'s namespace."""
-        out = subprocess.run(["ip", "netns", "pids", self.namespace(i)], capture_output=True, text=True,
-                             check=False).stdout
-        return [int(p) for p in out.split() if p.isdigit()]
-
     # -------------------------------------------------------------- use
 
     def sshd_log(self, i):
@@ -209,60 +323,11 @@ class SshCluster:
 
     def env(self, base=None):
         """An environment whose ssh uses this cluster's known_hosts and configuration."""
-        env = dict(os.environ if base is None else base)
+        env = super().env(base)
         env["PATH"] = self.path("bin") + os.pathsep + env.get("PATH", "")
         return env
 
-    def run(self, argv, host=0, env=None, timeout=300, cwd=ROOT):
-        """Run ``argv`` on host ``host`` (its namespace and host name); (returncode, stdout,
-        stderr, seconds).  Past ``timeout`` the process group is killed and AssertionError raised."""
-        full = ["ip", "netns", "exec", self.namespace(host), "unshare", "--uts", "sh", "-c", _IN_HOST,
-                host_name(host)] + list(argv)
-        start = time.monotonic()
-        proc = subprocess.Popen(full, env=self.env(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
-        try:
-            out, err = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            out, err = self._stop(proc)
-            raise AssertionError(f"{shlex.join(argv)} on {host_name(host)} still ran after {timeout} s:\n"
-                                 f"{out[-3000:]}\n{err[-3000:]}") from None
-        except BaseException:  # interrupted (SIGTERM, Ctrl-C): stop it, so it cleans up after itself
-            self._stop(proc)
-            raise
-        return proc.returncode, out, err, time.monotonic() - start
-
-    @staticmethod
-    def _stop(proc, grace_s=15):
-        """SIGTERM to the process group (mlslrun then stops its job and removes its files), SIGKILL
-        after ``grace_s``; the output it had written."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                pass
-            try:
-                return proc.communicate(timeout=grace_s)
-            except subprocess.TimeoutExpired:
-                continue
-        return proc.communicate()
-
-    def rx_bytes(self, i):
-        """Bytes host ``i`` has received on its eth0."""
-        out = subprocess.run(["ip", "netns", "exec", self.namespace(i), "cat",
-                              f"/sys/class/net/{hosts.IFACE}/statistics/rx_bytes"],
-                             capture_output=True, text=True, check=True)
-        return int(out.stdout)
-
     # -------------------------------------------------------------- teardown
-
-    def _namespace_pids(self):
-        pids = set()
-        for i in range(self.count):
-            out = subprocess.run(["ip", "netns", "pids", self.namespace(i)], capture_output=True, text=True,
-                                 check=False).stdout
-            pids |= {int(p) for p in out.split() if p.isdigit()}
-        return pids
 
     def close(self):
         for proc in self.sshd.values():
@@ -274,23 +339,4 @@ class SshCluster:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        if self.net is not None:
-            # Whatever a test left running in the hosts (ranks, hydra proxies, ssh sessions): only
-            # this run's processes live in these namespaces.
-            for pid in self._namespace_pids():
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            self.net.close()
-            self.net = None
-        for d in self.etc_dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        self.etc_dirs = []
-        try:
-            os.rmdir("/etc/netns")  # only when no other namespace has files there
-        except OSError:
-            pass
-        if self.tmp is not None:
-            shutil.rmtree(self.tmp, ignore_errors=True)
-            self.tmp = None
+        super().close()
