@@ -15,7 +15,6 @@
 Each setting is applied the only way the core reads it: shutdown, set the variables, init; the
 environment is restored (and the runtime initialised with it) afterwards."""
 
-import contextlib
 import csv
 import json
 import os
@@ -27,6 +26,7 @@ import tensorflow as tf
 from mpi4py import MPI
 
 import mlsl_tf as hvd
+import restarted  # tests/mpi/restarted.py
 
 COMM = MPI.COMM_WORLD
 R, N = hvd.rank(), hvd.size()
@@ -36,30 +36,9 @@ VARIABLES = ("MLSL_TF_AUTOTUNE", "HOROVOD_AUTOTUNE", "MLSL_TF_AUTOTUNE_LOG", "HO
              "MLSL_TF_FUSION_THRESHOLD")
 
 
-def restart():
-    COMM.Barrier()  # nobody shuts down while a peer still has collectives in flight
-    hvd.shutdown()
-    COMM.Barrier()
-    hvd.init()
-
-
-@contextlib.contextmanager
 def settings(env):
     """The runtime re-initialised with `env` (and none of VARIABLES else); restored after."""
-    saved = {k: os.environ.get(k) for k in VARIABLES}
-    try:
-        for k in VARIABLES:
-            os.environ.pop(k, None)
-        os.environ.update(env)
-        restart()
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        restart()
+    return restarted.settings(env, VARIABLES)
 
 
 # ----------------------------------------------------------------- 1. which settings change bits

@@ -12,8 +12,6 @@ expected result is known bitwise whatever order MPI sums the ranks in (on 3 rank
 order may depend on the message size, which chunking and fusion change); random-normal
 floats are compared bitwise across settings too, on 2 ranks where a + b is the only order."""
 
-import contextlib
-import os
 import random
 import threading
 import time
@@ -21,11 +19,10 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
-from mpi4py import MPI
 
 import mlsl_tf as hvd
+import restarted  # tests/mpi/restarted.py
 
-COMM = MPI.COMM_WORLD
 R, N = hvd.rank(), hvd.size()
 KNOBS = ("MLSL_TF_PRIORITY", "MLSL_TF_FUSION_THRESHOLD", "MLSL_TF_CHUNK_BYTES", "MLSL_TF_INFLIGHT")
 
@@ -42,30 +39,9 @@ SETTINGS = {
 }
 
 
-@contextlib.contextmanager
 def settings(env):
-    """The runtime re-initialised with `env` on top of the current environment; restored after."""
-    saved = {k: os.environ.get(k) for k in KNOBS}
-
-    def restart():
-        COMM.Barrier()  # nobody shuts down while a peer still has collectives in flight
-        hvd.shutdown()
-        COMM.Barrier()
-        hvd.init()
-
-    try:
-        for k in KNOBS:
-            os.environ.pop(k, None)
-        os.environ.update(env)
-        restart()
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        restart()
+    """The runtime re-initialised with `env` and no other of KNOBS; restored after."""
+    return restarted.settings(env, KNOBS)
 
 
 # ------------------------------------------------------------------------------ the workload
