@@ -88,7 +88,8 @@ CONFIGS = ("compute", "compute_tf_keras", "comm", "comm_bf16", "fifo", "priority
            "overlap_tf_keras", "horovod", "horovod_compute", "mwms", "mwms_tf_keras", "mwms_compute")
 HOROVOD_CONFIGS = ("horovod", "horovod_compute")  # jobs run by Horovod's venv
 MWMS_CONFIGS = ("mwms", "mwms_tf_keras", "mwms_compute")  # one process per worker, TF_CONFIG (mwms.py)
-PLAIN_CONFIGS = ("compute", "compute_tf_keras", "horovod_compute", "compute_mixed_bf16")  # compute alone, launched as the others
+PLAIN_CONFIGS = ("compute", "compute_tf_keras", "horovod_compute", "compute_mixed_bf16", "compute_unbound",
+                 "compute_unbound_pool1")  # compute alone, launched as the others
 LEGACY_KERAS = {"TF_USE_LEGACY_KERAS": "1"}
 CONFIG_ENV = {
     "fifo": {"MLSL_TF_PRIORITY": "fifo", "MLSL_TF_CROSS_ITERATION": "0"},
@@ -113,6 +114,16 @@ AUTOTUNE_CONFIGS = ("overlap_autotune",) + tuple(GRID)
 CONFIG_ENV.update(GRID, overlap_autotune={"MLSL_TF_AUTOTUNE": "1", "MLSL_TF_AUTOTUNE_WARMUP_SAMPLES": "1",
                                           "MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE": "5"})
 LIMIT_OF.update({c: "comm" for c in AUTOTUNE_CONFIGS})
+# Where the ranks' threads run (mlsl_tf/cpu_placement.py), only when named in --configs: the
+# defaults and compute alone with MLSL_TF_BIND=none (threads left where the kernel puts them),
+# and the same with TensorFlow's intra-op pool of one thread (a rank's share of 2 cores).
+UNBOUND_CONFIGS = ("overlap_unbound", "compute_unbound", "overlap_unbound_pool1", "compute_unbound_pool1")
+CONFIG_ENV.update({c: {"MLSL_TF_BIND": "none"} for c in UNBOUND_CONFIGS})
+for _c in UNBOUND_CONFIGS[2:]:
+    CONFIG_ENV[_c]["TF_NUM_INTRAOP_THREADS"] = "1"
+LIMIT_OF.update(overlap_unbound="comm", overlap_unbound_pool1="comm")
+COMPUTE_OF.update(overlap_unbound=("compute_unbound", "compute"),
+                  overlap_unbound_pool1=("compute_unbound_pool1", "compute"))
 MIXED_BF16_CONFIGS = ("overlap_mixed_bf16", "compute_mixed_bf16")  # Keras 3's mixed_bfloat16 policy
 MWMS_PORT_BASE = 23400  # MWMS jobs on emulated hosts: a fresh port each (no TIME_WAIT reuse)
 CORES = os.cpu_count() or 2  # the cores the ranks of a job share (all on this machine)
@@ -630,7 +641,7 @@ def plot(summaries, path):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     groups = sorted({(r["model"], r["link"]) for r in summaries})
-    order = [c for c in CONFIGS + AUTOTUNE_CONFIGS if any(r["config"] == c for r in summaries)]
+    order = [c for c in CONFIGS + AUTOTUNE_CONFIGS + UNBOUND_CONFIGS if any(r["config"] == c for r in summaries)]
     fig, axes = plt.subplots(1, len(groups), figsize=(4.2 * len(groups), 4.2), squeeze=False)
     for ax, (model, link) in zip(axes[0], groups):
         rows = {r["config"]: r for r in summaries if r["model"] == model and r["link"] == link}
@@ -770,7 +781,7 @@ def parse(argv):
     ns = p.parse_args(argv)
     ns.configs = [x for c in ns.configs for x in (list(GRID) if c == "grid" else [c])]  # "grid": all its points
     if not ns.worker:
-        bad = [m for m in ns.models if m not in MODELS] + [c for c in ns.configs if c not in CONFIGS + AUTOTUNE_CONFIGS]
+        bad = [m for m in ns.models if m not in MODELS] + [c for c in ns.configs if c not in CONFIGS + AUTOTUNE_CONFIGS + UNBOUND_CONFIGS]
         if bad:
             p.error(f"unknown model/config: {', '.join(bad)}")
         if ns.runs < 1 or ns.np < 2:

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <numeric>
 #include <sstream>
 
 #include "logging.h"
@@ -13,6 +12,12 @@ namespace {
 
 constexpr uint64_t kNone = ~uint64_t(0);
 constexpr uint64_t kTrial = 0, kFinal = 1;
+
+double Median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n == 0 ? 0 : n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
 
 const char* const kNames[kTuneKnobs] = {"MLSL_TF_INFLIGHT", "MLSL_TF_SPIN_US"};
 
@@ -43,7 +48,7 @@ Tuner::Tuner(const TuneOptions& options, int rank)
     : options_(options), rank_(rank), values_(options.initial), frozen_(!options.enabled) {
   if (options_.steps_per_sample < 1) options_.steps_per_sample = 1;
   search_.skip = int64_t(options_.warmup_samples) * options_.steps_per_sample;
-  search_.best = values_;
+  search_.best = search_.start = values_;
 }
 
 const char* Tuner::Name(int knob) { return kNames[knob]; }
@@ -74,13 +79,18 @@ void Tuner::OnStep(double seconds) {
   }
   search_.times.push_back(seconds);
   if (int64_t(search_.times.size()) < options_.steps_per_sample) return;
-  const double mean = std::accumulate(search_.times.begin(), search_.times.end(), 0.0) / double(search_.times.size());
+  const double score = Median(search_.times);
   search_.times.clear();
-  EndSample(mean);
+  if (search_.confirm_left > 0) {
+    Confirm(score);
+  } else {
+    EndSample(score);
+  }
 }
 
 void Tuner::EndSample(double seconds_per_step) {
   ++search_.samples;
+  if (search_.samples == 1) search_.start_scores.push_back(seconds_per_step);
   const bool better = search_.best_score == 0 || seconds_per_step < search_.best_score;
   if (better) {
     search_.best = values_;
@@ -90,9 +100,28 @@ void Tuner::EndSample(double seconds_per_step) {
   Values next{};
   if (NextTrial(&next)) {
     Propose(next, false);
-  } else {
+  } else if (search_.best == search_.start) {
     Propose(search_.best, true);
+  } else {  // confirm the winner against the start: start, winner, start, winner, ...
+    search_.best_scores = {search_.best_score};
+    search_.confirm_left = 2 * kConfirmPairs;
+    Propose(search_.start, false);
   }
+}
+
+void Tuner::Confirm(double seconds_per_step) {
+  ++search_.samples;
+  const bool at_start = values_ == search_.start;
+  (at_start ? search_.start_scores : search_.best_scores).push_back(seconds_per_step);
+  LogRow("confirm", values_, seconds_per_step, false);
+  if (--search_.confirm_left > 0) {
+    Propose(at_start ? search_.best : search_.start, false);
+    return;
+  }
+  const double start = Median(search_.start_scores), best = Median(search_.best_scores);
+  if (!(best < start)) search_.best = search_.start;
+  search_.best_score = std::min(start, best);
+  Propose(search_.best, true);
 }
 
 bool Tuner::NextTrial(Values* out) {

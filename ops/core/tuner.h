@@ -9,9 +9,13 @@
 // rank 0 ever saw submitted twice (in training, one of every step's gradients). A sample: the
 // mean step time over `steps_per_sample` whole steps under one set of values; the first
 // `warmup_samples` samples' worth of steps are discarded, and so is the step under way when new
-// values are applied. The search is a coordinate descent: the starting values are sampled, then
-// each knob in turn takes each of its candidates (the others at the best so far), the best
-// kept; then the best values are proposed as final and every rank freezes them.
+// values are applied; a sample's score is the median of its step times (one slow step -- a
+// callback, a collection -- does not move it). The search is a coordinate descent: the starting
+// values are sampled, then each knob in turn takes each of its candidates (the others at the best
+// so far), the best kept. One short sample per candidate on a noisy machine can crown a lucky
+// one, so a winner other than the start is confirmed: the start and the winner alternate for
+// kConfirmPairs more samples each, and the winner stays only when the median of its samples beats
+// the start's. Then the values are proposed as final and every rank freezes them.
 //
 // Agreement: only rank 0 proposes. Its proposal rides in the control message's MIN section
 // (kTuneWords words; every other rank sends all ones, so the combined words are rank 0's); every
@@ -79,6 +83,8 @@ class Tuner {
   static const std::vector<int64_t>& Candidates(int knob);
   // The most in-flight units autotune may choose: a scheduler has that many slots.
   static int64_t MostInflight();
+  // Samples each of the start and the descent's winner takes again before the choice is final.
+  static constexpr int kConfirmPairs = 2;
 
   // A collective named `name` entered this rank's engine at `now` (rank 0 times steps by them).
   void Submitted(const std::string& name, Clock::time_point now);
@@ -100,6 +106,8 @@ class Tuner {
  private:
   void OnStep(double seconds);
   void EndSample(double seconds_per_step);
+  // A sample of the confirmation: the next one, or the final choice after the last.
+  void Confirm(double seconds_per_step);
   // The values of the next trial of the search; false when every candidate was tried.
   bool NextTrial(Values* out);
   void Propose(const Values& values, bool final);
@@ -123,6 +131,9 @@ class Tuner {
     bool final = false;          // ... the last one
     Values proposal{};
     int samples = 0;
+    Values start{};                  // the values sampled first (the settings')
+    std::vector<double> start_scores, best_scores;  // every sample of each, for the confirmation
+    int confirm_left = 0;            // confirmation samples still to take (0: not confirming)
     uint64_t cycle = 0, step = 0;  // when the values in force were applied
   } search_;
 };

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <sstream>
 
 #include <unistd.h>
@@ -45,6 +46,7 @@ std::vector<std::string> Fields(const std::string& line) {
 // runs between the two submissions (the values may change mid-step). Stops when both froze.
 struct Loop {
   Tuner lead, follower;
+  std::function<double(const Tuner::Values&)> cost = Cost;
   Clock::time_point t{};
   uint64_t cycle = 0;
   int steps = 0;
@@ -56,7 +58,7 @@ struct Loop {
       follower.Submitted("grad.a", t);
       Cycle();
       lead.Submitted("grad.b", t + std::chrono::microseconds(1));
-      t += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(steps < slow_steps ? 100 : Cost(v)));
+      t += std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(steps < slow_steps ? 100 : cost(v)));
       ++steps;
     }
   }
@@ -110,10 +112,39 @@ TEST(tuner_on_a_fake_clock_picks_the_fastest_and_freezes_on_every_rank) {
     CHECK(std::fabs(std::stod(f[6]) - Cost(v)) < 1e-6);
     if (f[0] == "sample") ++samples;
   }
-  // The start (4, 200), inflight 1, 2, 8, 16 at spin 200, then spin 0, 50, 1000 at inflight 8.
+  // The start (4, 200), inflight 1, 2, 8, 16 at spin 200, then spin 0, 50, 1000 at inflight 8;
+  // then the start and the winner twice more each.
   CHECK_EQ(samples, 8);
-  CHECK_CONTAINS(lines.back(), "final,8,");
+  CHECK_EQ(int(std::count_if(lines.begin(), lines.end(), [](const std::string& l) { return l.rfind("confirm,", 0) == 0; })),
+           2 * Tuner::kConfirmPairs);
+  CHECK_CONTAINS(lines.back(), "final,12,");
   CHECK_CONTAINS(lines.back(), ",8,50,");
+  std::remove(log.c_str());
+}
+
+TEST(tuner_does_not_freeze_a_winner_that_was_lucky_once) {
+  // Inflight 2 measures fast the first time only (a quiet moment of a noisy machine); every other
+  // sample of it is slower than the start. The confirmation finds that out and keeps the start.
+  const std::string log = "/tmp/mlsl_tf_test_tuner_lucky_" + std::to_string(getpid()) + ".csv";
+  TuneOptions o = Options(log, 0, 3);
+  Loop loop{Tuner(o, 0), Tuner(o, 1)};
+  int lucky_steps = 3;  // one sample's worth
+  loop.cost = [&](const Tuner::Values& v) {
+    if (v[kTuneInflight] == 2 && v[kTuneSpinUs] == 200) return lucky_steps-- > 0 ? 0.005 : 0.012;
+    return v == Tuner::Values{4, 200} ? 0.011 : 0.02;
+  };
+  loop.Run();
+  CHECK(loop.lead.frozen() && loop.follower.frozen());
+  CHECK_EQ(loop.lead.value(kTuneInflight), int64_t(4));
+  CHECK_EQ(loop.follower.value(kTuneSpinUs), int64_t(200));
+  const std::vector<std::string> lines = Lines(log);
+  int confirms = 0;
+  for (const std::string& line : lines) confirms += line.rfind("confirm,", 0) == 0;
+  CHECK_EQ(confirms, 2 * Tuner::kConfirmPairs);
+  const std::vector<std::string> final_row = Fields(lines.back());
+  CHECK(final_row.size() == 8 && final_row[0] == "final" && final_row[4] == "4" && final_row[5] == "200");
+  if (final_row.size() == 8) CHECK(std::fabs(std::stod(final_row[6]) - 0.011) < 1e-6);  // the start's median
+  // A winner that stays fast through the confirmation is kept (the first test: 8, 50).
   std::remove(log.c_str());
 }
 
@@ -135,7 +166,7 @@ TEST(tuner_keeps_the_knobs_the_user_set) {
       CHECK_EQ(Fields(line)[5], std::string("777"));
     }
   }
-  CHECK_EQ(rows, 1 + 4 + 1);  // the start, the other four windows, the final row
+  CHECK_EQ(rows, 1 + 4 + 1);  // the start, the other four windows, the final row (confirm rows apart)
   std::remove(log.c_str());
 }
 
