@@ -22,8 +22,12 @@ class Scaled : public PendingOp {
     }
     Status s = op_->Test(done);
     if (s.ok() && *done) {
-      if (canonicalize_) CanonicalizeNaN(buf_, count_, dtype_);
-      ScaleInPlace(buf_, count_, dtype_, scale_);  // right after the data arrived: still in cache
+      // right after the data arrived: still in cache
+      if (canonicalize_) {
+        CanonicalizeAndScale(buf_, count_, dtype_, scale_);
+      } else {
+        ScaleInPlace(buf_, count_, dtype_, scale_);
+      }
       finished_ = true;
     }
     return s;

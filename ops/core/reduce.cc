@@ -80,6 +80,13 @@ MLSL_CLONES void Scale(float* __restrict d, int64_t n, double f) {
 MLSL_CLONES void Scale(double* __restrict d, int64_t n, double f) {
   for (int64_t i = 0; i < n; ++i) d[i] = d[i] * f;
 }
+// Both of a result's passes in one: Canon, then Scale, per element (the same bits as the two).
+MLSL_CLONES void CanonScale(float* __restrict d, int64_t n, double f) {
+  for (int64_t i = 0; i < n; ++i) d[i] = float(double(Canon(d[i])) * f);
+}
+MLSL_CLONES void CanonScale(double* __restrict d, int64_t n, double f) {
+  for (int64_t i = 0; i < n; ++i) d[i] = Canon(d[i]) * f;
+}
 MLSL_KERNELS(float)
 MLSL_KERNELS(double)
 MLSL_KERNELS(int32_t)
@@ -209,6 +216,17 @@ void ScaleInPlace(void* data, int64_t count, DataType dtype, double factor) {
 #define CALL(S, C) ScaleTyped<S, C>(static_cast<S*>(data), count, factor)
   MLSL_DISPATCH(dtype, CALL)
 #undef CALL
+}
+
+void CanonicalizeAndScale(void* data, int64_t count, DataType dtype, double factor) {
+  if (factor != 1.0 && dtype == DataType::kFloat32) {
+    CanonScale(static_cast<float*>(data), count, factor);
+  } else if (factor != 1.0 && dtype == DataType::kFloat64) {
+    CanonScale(static_cast<double*>(data), count, factor);
+  } else {
+    CanonicalizeNaN(data, count, dtype);
+    ScaleInPlace(data, count, dtype, factor);
+  }
 }
 
 void FillIdentity(void* data, int64_t count, DataType dtype, ReduceOp op) {

@@ -25,6 +25,10 @@ void CanonicalizeNaN(void* data, int64_t count, DataType dtype);
 // data[i] *= factor, computed in double and converted back (integers truncate toward zero).
 void ScaleInPlace(void* data, int64_t count, DataType dtype, double factor);
 
+// CanonicalizeNaN, then ScaleInPlace: the same bits, in one pass over float32 and float64 data
+// (a reduced chunk's completion; the average's 1/size).
+void CanonicalizeAndScale(void* data, int64_t count, DataType dtype, double factor);
+
 // Fills data with the identity element of op (0 for Sum, 1 for Product, +max for Min ...),
 // which is what a rank that has joined contributes.
 void FillIdentity(void* data, int64_t count, DataType dtype, ReduceOp op);

@@ -178,3 +178,52 @@ TEST(reduce_nonfinite_is_order_independent) {
   CHECK_EQ(Bits(c[0]), 0x7fc00000u);
   CHECK_EQ(c[1], 1.0f);
 }
+
+// A reduced chunk's completion canonicalises NaNs and scales in one pass: the same bits as the
+// two passes it replaces, for NaNs of any payload and sign, infinities, subnormals, every dtype.
+TEST(canonicalize_and_scale_is_both_passes_in_one) {
+  const std::vector<uint32_t> special = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff812345u, 0x7fbfffffu,
+                                         0x7f800000u, 0xff800000u, 0x00000001u, 0x80000000u, 0x3fc00000u};
+  for (double f : {0.5, 1.0 / 3.0, 1.0, 2.0, -0.25}) {
+    for (int64_t n : {1, 9, 64, 1003}) {
+      std::vector<float> x(n);
+      std::vector<double> d(n);
+      std::vector<uint16_t> h(n), b(n);
+      for (int64_t i = 0; i < n; ++i) {
+        uint32_t u = i % 3 == 0 ? special[(i / 3) % special.size()] : 0x3f800000u + uint32_t(i * 2654435761u % 0x1000000u);
+        std::memcpy(&x[i], &u, 4);
+        uint64_t w = (uint64_t(u) << 32) | uint64_t(i * 40503u);
+        std::memcpy(&d[i], &w, 8);
+        h[i] = uint16_t(u >> 16) ^ uint16_t(i % 2 ? 0x0400 : 0);
+        b[i] = uint16_t(u >> 16);
+      }
+      std::vector<float> x2 = x;
+      std::vector<double> d2 = d;
+      std::vector<uint16_t> h2 = h, b2 = b;
+      CanonicalizeNaN(x2.data(), n, DataType::kFloat32);
+      ScaleInPlace(x2.data(), n, DataType::kFloat32, f);
+      CanonicalizeNaN(d2.data(), n, DataType::kFloat64);
+      ScaleInPlace(d2.data(), n, DataType::kFloat64, f);
+      CanonicalizeNaN(h2.data(), n, DataType::kFloat16);
+      ScaleInPlace(h2.data(), n, DataType::kFloat16, f);
+      CanonicalizeNaN(b2.data(), n, DataType::kBfloat16);
+      ScaleInPlace(b2.data(), n, DataType::kBfloat16, f);
+      CanonicalizeAndScale(x.data(), n, DataType::kFloat32, f);
+      CanonicalizeAndScale(d.data(), n, DataType::kFloat64, f);
+      CanonicalizeAndScale(h.data(), n, DataType::kFloat16, f);
+      CanonicalizeAndScale(b.data(), n, DataType::kBfloat16, f);
+      CHECK(std::memcmp(x.data(), x2.data(), n * sizeof(float)) == 0);
+      CHECK(std::memcmp(d.data(), d2.data(), n * sizeof(double)) == 0);
+      CHECK(h == h2);
+      CHECK(b == b2);
+      // and NaNs come out as the one canonical quiet NaN
+      for (int64_t i = 0; i < n; ++i) {
+        if (x[i] != x[i]) {
+          uint32_t u;
+          std::memcpy(&u, &x[i], 4);
+          if (u != 0x7fc00000u) { CHECK_EQ(u, 0x7fc00000u); break; }
+        }
+      }
+    }
+  }
+}
