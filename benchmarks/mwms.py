@@ -94,7 +94,7 @@ def run_worker(ns, build_model, model_spec):
     index = int(os.environ.get("MWMS_WORKER_INDEX", "0"))
     workers = strategy.num_replicas_in_sync
     batch, warmup, steps = model_spec(ns.model)
-    steps = ns.steps or steps
+    steps, warmup = ns.steps or steps, getattr(ns, "warmup", None) or warmup
     if ns.config == "mwms_tf_keras":
         import tf_keras as keras
         timed = _fit_tf_keras(tf, strategy, keras, ns, build_model, batch, workers, index)

@@ -43,7 +43,10 @@ Configurations (`--configs`, default all), each a separate job:
 Autotune's (docs/autotune.md), only when named in --configs:
   overlap_autotune  the defaults with MLSL_TF_AUTOTUNE=1 (a warm-up sample, 5 steps per sample): the
                 warm-up goes on until every rank froze the search, then the steps are timed; the
-                job's row names the values it froze ("autotune")
+                job's row names the values it froze ("autotune"), the steps the search took
+                ("autotune_steps") and the changes it applied ("autotune_changes")
+  overlap_autotune_fixed  autotune on with both knobs set to the defaults (nothing tuned)
+  overlap_warm100  the defaults timed after 100 warm-up steps (what the search takes)
   grid_inflight<I>_spin<S>  the defaults with MLSL_TF_INFLIGHT=I and MLSL_TF_SPIN_US=S, for every
                 candidate I in 1, 2, 4, 8, 16 and S in 0, 50, 200, 1000: the grid autotune searches
                 (`--configs grid` names all 20)
@@ -110,9 +113,15 @@ COMPUTE_OF = {"horovod": ("horovod_compute", "compute"), "mwms": ("mwms_compute"
 # Autotune and the grid of its candidates (docs/autotune.md); not run unless named in --configs.
 GRID = {f"grid_inflight{i}_spin{s}": {"MLSL_TF_INFLIGHT": str(i), "MLSL_TF_SPIN_US": str(s)}
         for i in (1, 2, 4, 8, 16) for s in (0, 50, 200, 1000)}
-AUTOTUNE_CONFIGS = ("overlap_autotune",) + tuple(GRID)
+# Two controls for what an autotune job does besides tuning: overlap_autotune_fixed (autotune on,
+# both knobs set to the defaults' values, so nothing is tuned: its schedulers' 16 slots, its
+# step clock) and overlap_warm100 (the defaults timed after 100 warm-up steps, about what the
+# search takes).
+AUTOTUNE_CONFIGS = ("overlap_autotune", "overlap_autotune_fixed", "overlap_warm100") + tuple(GRID)
 CONFIG_ENV.update(GRID, overlap_autotune={"MLSL_TF_AUTOTUNE": "1", "MLSL_TF_AUTOTUNE_WARMUP_SAMPLES": "1",
                                           "MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE": "5"})
+CONFIG_ENV["overlap_autotune_fixed"] = dict(CONFIG_ENV["overlap_autotune"], MLSL_TF_INFLIGHT="4", MLSL_TF_SPIN_US="200")
+TUNING_CONFIGS = ("overlap_autotune", "overlap_autotune_fixed")  # warmed up until the search froze
 LIMIT_OF.update({c: "comm" for c in AUTOTUNE_CONFIGS})
 # Where the ranks' threads run (mlsl_tf/cpu_placement.py), only when named in --configs: the
 # defaults and compute alone with MLSL_TF_BIND=none (threads left where the kernel puts them),
@@ -219,7 +228,7 @@ def worker(ns):
         sgd = keras.optimizers.SGD
     thread_cpu = lambda: cpu_cost.thread_cpu(labels)  # noqa: E731
     batch, warmup, steps = model_spec(ns.model)
-    steps = ns.steps or steps
+    steps, warmup = ns.steps or steps, ns.warmup or warmup
     keras.utils.set_random_seed(1234)
     if ns.config in MIXED_BF16_CONFIGS:
         keras.mixed_precision.set_global_policy("mixed_bfloat16")
@@ -236,8 +245,9 @@ def worker(ns):
         model.compile(optimizer=opt, loss=loss)
         callbacks = [] if plain else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
         model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0, callbacks=callbacks)
-        if ns.config == "overlap_autotune":
-            warm_up_until_tuned(model, data, warmup)
+        tuning_steps = warm_up_until_tuned(model, data, warmup) if ns.config in TUNING_CONFIGS else 0
+        if ns.config == "overlap_warm100":
+            model.fit(data, steps_per_epoch=max(0, 100 - warmup), epochs=1, verbose=0)
         ends = []
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
         timed_callbacks = [clock]
@@ -265,6 +275,7 @@ def worker(ns):
             else timed()
         times = [b - a for a, b in zip([start] + ends[:-1], ends)]
         result = {"step_s": statistics.median(times[1:]), "mean_step_s": (ends[-1] - start) / steps,
+                  "step_times_s": [round(t, 4) for t in times],  # rank 0's, in order: a trend shows
                   "cpu_s_per_step": cpu_cost.per_step(thread_cpu(), cpu_before, steps),
                   "kernel_s_per_step": cpu_cost.per_step(cpu_cost.kernel_cpu(), kernel_before, steps)}
         if ns.impl == "mlsl_tf":  # results still parked: the last step's updates were deferred
@@ -275,8 +286,11 @@ def worker(ns):
             after = counters()
             result["per_step"] = {k: (after[k] - counters_before[k]) / steps
                                   for k in ("requests", "eager", "chunks", "fused_tensors", "in_place")}
-            if ns.config == "overlap_autotune":
+            if ns.config in TUNING_CONFIGS:
                 result["autotune"] = after["autotune"]["values"]
+                # the steps the search took: the warm-up fit, then fits until every rank froze
+                result["autotune_steps"] = warmup + tuning_steps
+                result["autotune_changes"] = len(after["autotune"]["applied"])
     step = max(hvd.allgather(tf.constant([result["step_s"]], tf.float64)).numpy())  # the slowest rank
     result.update(model=ns.model, config=ns.config, impl=ns.impl, ranks=hvd.size(), batch_per_rank=batch,
                   steps=steps, step_s=float(step), samples_per_s=batch * hvd.size() / float(step),
@@ -288,14 +302,17 @@ def worker(ns):
 
 def warm_up_until_tuned(model, data, steps):
     """More warm-up fits of `steps` steps until every rank's autotune froze its values (ranks see it
-    at different times: they agree, by a Min over the ranks, after each fit, so they fit alike)."""
+    at different times: they agree, by a Min over the ranks, after each fit, so they fit alike).
+    Returns the steps fitted here."""
     import mlsl_tf
     import tensorflow as tf
+    fitted = 0
     while True:
         frozen = float(mlsl_tf.stats()["autotune"]["frozen"])
         if mlsl_tf.allreduce(tf.constant(frozen), op=mlsl_tf.Min, name="training.autotune_frozen").numpy() == 1:
-            return
+            return fitted
         model.fit(data, steps_per_epoch=steps, epochs=1, verbose=0)
+        fitted += steps
 
 
 def comm_only(ns, hvd, tf, model, batch, warmup, steps, thread_cpu):
@@ -347,6 +364,7 @@ def clean_env(extra):
 def job_argv(ns, model, config, enter, timeline=None, out_dir=None, launcher_interface=None):
     """(argv, env) of one job run by a launcher (mlslrun, or Horovod's mpiexec)."""
     worker_args = ["--worker", "--model", model, "--config", config] + (["--steps", str(ns.steps)] if ns.steps else []) + \
+        (["--warmup", str(ns.warmup)] if getattr(ns, "warmup", None) else []) + \
         (["--out-dir", out_dir] if out_dir else []) + ["--np", str(ns.np)]  # the worker checks the ranks it sees
     if config in HOROVOD_CONFIGS:
         python = ns.horovod_python
@@ -394,6 +412,7 @@ def mwms_procs(ns, model, config, hosts_ctx=None, port=None, out_dir=None):
     import mwms
     worker_argv = [ns.python, os.path.abspath(__file__), "--worker", "--model", model, "--config", config,
                    "--impl", "mwms"] + (["--steps", str(ns.steps)] if ns.steps else []) + \
+                   (["--warmup", str(ns.warmup)] if getattr(ns, "warmup", None) else []) + \
         (["--out-dir", out_dir] if out_dir else [])
     if hosts_ctx:
         import hosts
@@ -763,6 +782,8 @@ def parse(argv):
     p.add_argument("--runs", type=int, default=3)
     p.add_argument("--np", type=int, default=2)
     p.add_argument("--steps", type=int, help="timed steps per job (default: per model)")
+    p.add_argument("--warmup", type=int, help="warm-up steps before the timed ones (default: per model; an "
+                   "autotune job fits more until its search froze)")
     p.add_argument("--timeout", type=int, default=900, help="seconds per job")
     p.add_argument("--python", default=sys.executable, help="interpreter with mlsl_tf (default: this one)")
     p.add_argument("--horovod-python", help="interpreter of a venv with Horovod 0.28.1 (mpiexec next to it)")

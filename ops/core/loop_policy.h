@@ -40,12 +40,12 @@ class IdlePacer {
  public:
   explicit IdlePacer(LoopPolicy::us heartbeat) : heartbeat_(heartbeat) {}
   void CycleEnded(const StepResult& r) { idle_cycles_ = r.progress ? 0 : idle_cycles_ + 1; }
-  LoopPolicy::us Wait(const Engine& engine) const {
-    return LoopPolicy::BetweenCycles(engine.WhenNext(), idle_cycles_, heartbeat_);
-  }
+  LoopPolicy::us Wait(const NextRun& next) const { return LoopPolicy::BetweenCycles(next, idle_cycles_, heartbeat_); }
+  LoopPolicy::us Wait(const Engine& engine) const { return Wait(engine.WhenNext()); }
   // Nothing of the engine's own to do: the real clock's owner polls for a submission a while
   // before it sleeps (on a virtual clock that costs nothing).
-  static bool Quiet(const Engine& engine) { return engine.WhenNext().kind == NextRun::Kind::kArrival; }
+  static bool Quiet(const NextRun& next) { return next.kind == NextRun::Kind::kArrival; }
+  static bool Quiet(const Engine& engine) { return Quiet(engine.WhenNext()); }
 
  private:
   const LoopPolicy::us heartbeat_;

@@ -149,8 +149,9 @@ void Runtime::BetweenCycles(Engine* engine, const IdlePacer& pacer) {
 }
 
 void Runtime::Sleep(std::unique_lock<std::mutex>* lock, const Engine& engine, const IdlePacer& pacer) {
-  auto wait = pacer.Wait(engine);
-  if (IdlePacer::Quiet(engine)) {
+  const NextRun next = engine.WhenNext();  // asked once: the wait and the spin both follow it
+  auto wait = pacer.Wait(next);
+  if (IdlePacer::Quiet(next)) {
     // Just finished something: the next request usually follows within microseconds, so poll
     // briefly before sleeping (an idle process still sleeps, a busy one does not pay a
     // wake-up per collective).
