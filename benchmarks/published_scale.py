@@ -58,7 +58,9 @@ def simulate_point(cluster, model, nodes, policy, variance, steps, seeds, binary
                                     simulate.parse_seconds(cluster["latency"]), policy,
                                     ranks_per_host=cluster.get("ranks_per_host", 1),
                                     allreduce=cluster.get("allreduce", "auto"), steps=steps,
-                                    variance=variance, seed=seed, hierarchical=cluster.get("hierarchical", True))
+                                    variance=variance, seed=seed, hierarchical=cluster.get("hierarchical", True),
+                                    latency_shm=(simulate.parse_seconds(cluster["latency_shm"])
+                                                 if "latency_shm" in cluster else None))
         runs.append(simulate.run_config(text, binary))
     mean = lambda key: statistics.fmean(r[key] for r in runs)  # noqa: E731
     return {"efficiency": mean("efficiency"), "step_s": mean("step_s"), "compute_s": runs[0]["compute_s"],

@@ -46,7 +46,6 @@ Autotune's (docs/autotune.md), only when named in --configs:
                 job's row names the values it froze ("autotune"), the steps the search took
                 ("autotune_steps") and the changes it applied ("autotune_changes")
   overlap_autotune_fixed  autotune on with both knobs set to the defaults (nothing tuned)
-  overlap_warm100  the defaults timed after 100 warm-up steps (what the search takes)
   grid_inflight<I>_spin<S>  the defaults with MLSL_TF_INFLIGHT=I and MLSL_TF_SPIN_US=S, for every
                 candidate I in 1, 2, 4, 8, 16 and S in 0, 50, 200, 1000: the grid autotune searches
                 (`--configs grid` names all 20)
@@ -113,11 +112,10 @@ COMPUTE_OF = {"horovod": ("horovod_compute", "compute"), "mwms": ("mwms_compute"
 # Autotune and the grid of its candidates (docs/autotune.md); not run unless named in --configs.
 GRID = {f"grid_inflight{i}_spin{s}": {"MLSL_TF_INFLIGHT": str(i), "MLSL_TF_SPIN_US": str(s)}
         for i in (1, 2, 4, 8, 16) for s in (0, 50, 200, 1000)}
-# Two controls for what an autotune job does besides tuning: overlap_autotune_fixed (autotune on,
+# A control for what an autotune job does besides tuning: overlap_autotune_fixed (autotune on,
 # both knobs set to the defaults' values, so nothing is tuned: its schedulers' 16 slots, its
-# step clock) and overlap_warm100 (the defaults timed after 100 warm-up steps, about what the
-# search takes).
-AUTOTUNE_CONFIGS = ("overlap_autotune", "overlap_autotune_fixed", "overlap_warm100") + tuple(GRID)
+# step clock). To time every configuration after the search's warm-up, pass --warmup 100.
+AUTOTUNE_CONFIGS = ("overlap_autotune", "overlap_autotune_fixed") + tuple(GRID)
 CONFIG_ENV.update(GRID, overlap_autotune={"MLSL_TF_AUTOTUNE": "1", "MLSL_TF_AUTOTUNE_WARMUP_SAMPLES": "1",
                                           "MLSL_TF_AUTOTUNE_STEPS_PER_SAMPLE": "5"})
 CONFIG_ENV["overlap_autotune_fixed"] = dict(CONFIG_ENV["overlap_autotune"], MLSL_TF_INFLIGHT="4", MLSL_TF_SPIN_US="200")
@@ -246,8 +244,6 @@ def worker(ns):
         callbacks = [] if plain else [hvd.callbacks.BroadcastGlobalVariablesCallback(0)]
         model.fit(data, steps_per_epoch=warmup, epochs=1, verbose=0, callbacks=callbacks)
         tuning_steps = warm_up_until_tuned(model, data, warmup) if ns.config in TUNING_CONFIGS else 0
-        if ns.config == "overlap_warm100":
-            model.fit(data, steps_per_epoch=max(0, 100 - warmup), epochs=1, verbose=0)
         ends = []
         clock = keras.callbacks.LambdaCallback(on_train_batch_end=lambda batch, logs: ends.append(time.perf_counter()))
         timed_callbacks = [clock]

@@ -134,10 +134,12 @@ def timed_layers(table, step_compute=None, bwd_ratio=2.0):
 
 
 def config_text(layers, nodes, bandwidth, latency, policy, ranks_per_host=1, allreduce="auto", gamma=0.0,
-                steps=6, warmup=2, label="", overrides=None, codec=0.0, variance=0.0, seed=1, hierarchical=True):
+                steps=6, warmup=2, label="", overrides=None, codec=0.0, variance=0.0, seed=1, hierarchical=True,
+                latency_shm=None):
     """The text mlsl_sim reads (ops/core/sim/training.h: ParseConfig). variance: sigma of ln(each
     rank's step compute), the step paced by the slowest of `nodes` draws (seeded by `seed`);
-    hierarchical=False: one allreduce over every rank, ranks_per_host sharing a host's link."""
+    hierarchical=False: one allreduce over every rank, ranks_per_host sharing a host's link;
+    latency_shm: seconds per message between ranks of one host (None: the simulator's default)."""
     keys = dict(DEFAULTS)
     keys.update(POLICIES[policy] if isinstance(policy, str) else policy)
     keys.update(overrides or {})
@@ -146,6 +148,8 @@ def config_text(layers, nodes, bandwidth, latency, policy, ranks_per_host=1, all
              f"allreduce {allreduce}", f"hierarchical {int(bool(hierarchical))}",
              f"variance {float(variance)!r}", f"seed {int(seed)}",
              f"steps {steps}", f"warmup {warmup}"]
+    if latency_shm is not None:
+        lines.append(f"alpha_shm {float(latency_shm)!r}")
     lines += [f"{k} {v!r}" if isinstance(v, float) else f"{k} {int(v)}" for k, v in sorted(keys.items())]
     for name, fwd, bwd, grads in layers:
         lines.append(" ".join(["layer", re.sub(r"\s", "_", name), repr(fwd), repr(bwd)] + [str(int(g)) for g in grads]))
@@ -303,6 +307,9 @@ def build_parser():
                    help="per-host link bandwidth, e.g. 100gbit, 800mbit, 12.5GB (bytes) (default: %(default)s)")
     p.add_argument("--latency", default="1us", type=_checked(parse_seconds),
                    help="alpha: per-message latency between hosts, e.g. 1us, 2.5ms (default: %(default)s)")
+    p.add_argument("--latency-shm", type=_checked(parse_seconds),
+                   help="per-message latency between ranks of one host, e.g. 5.7us (default: the simulator's, "
+                   "0.3us, shared memory)")
     p.add_argument("--ranks-per-host", type=_number(int, 1), default=1,
                    help="ranks sharing one host's link (default: %(default)s)")
     p.add_argument("--policies", default=",".join(POLICIES), type=_policy_list,
@@ -378,7 +385,8 @@ def main(argv=None):
             text = config_text(layers, nodes, parse_rate(a.link), parse_seconds(a.latency), policy,
                                a.ranks_per_host, a.allreduce, a.gamma, a.steps, overrides=overrides,
                                codec=a.codec, variance=parse_variance(a.variance), seed=a.seed,
-                               hierarchical=not a.flat)
+                               hierarchical=not a.flat,
+                               latency_shm=parse_seconds(a.latency_shm) if a.latency_shm else None)
             r = run_config(text, binary)
             r.update(model=table.get("model", a.model), link=a.link, latency=a.latency)
             r.pop("stats", None)

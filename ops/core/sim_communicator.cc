@@ -147,7 +147,14 @@ std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
 
 // hierarchical false, r > 1 ranks to a host: one algorithm over every rank (AllreduceCost).
 static SimCost FlatAcrossHosts(const SimFabric& f, const std::string& algorithm, int r, double n) {
-  if (algorithm == "ring") return FlatAllreduce(f, "ring", f.ranks, n);
+  if (algorithm == "ring") {
+    // Of the ring's 2 (p-1) steps, 2 (h-1) go through a host's network link and the rest pass
+    // between ranks of one host (as NCCL's tuning model counts a ring over several servers).
+    SimCost c = FlatAllreduce(f, "ring", f.ranks, n);
+    const int hosts = (f.ranks + r - 1) / r;
+    c.latency += 2.0 * (f.ranks - hosts) * (f.alpha_shm - f.alpha);
+    return c;
+  }
   const int inside = Log2Ceil(r);
   const int pof2 = 1 << Log2Floor(f.ranks);
   const int q = std::max(1, pof2 >> inside);  // hosts' worth of the pof2 ranks

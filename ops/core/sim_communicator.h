@@ -15,7 +15,8 @@
 //   the allreduce above over the p/r hosts, a binomial bcast inside the host; the intra-host
 //   steps cost log2(r) (alpha_shm + n beta_shm) each (plus n gamma per reduce step).
 //   hierarchical false (one algorithm over all p ranks, r to a host in rank order; NCCL's ring over
-//   the GPUs of several servers): ring as above over p, each host's link crossed once each way;
+//   the GPUs of several servers): ring as above over p, each host's link crossed once each way,
+//   2 (p/r - 1) of its steps at alpha and the other 2 (p - p/r) at alpha_shm;
 //   recursive doubling and Rabenseifner (MPICH's mask order: nearest partner first) take their
 //   first log2(r) steps inside the host (alpha_shm + n' beta_shm, n' the step's bytes) and the
 //   rest across hosts, where the r ranks of a host send at once over its one link (contention):

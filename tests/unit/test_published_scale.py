@@ -65,6 +65,20 @@ def test_flat_allreduce_over_ranks_sharing_a_host(sim_binary):
     assert f["hierarchical"] is False and h["hierarchical"] is True and f["step_s"] != h["step_s"]
 
 
+def test_latency_inside_a_host_paces_the_flat_ring(sim_binary):
+    # One ring over 64 ranks, 4 a host (NCCL's over the GPUs of several servers): 2 x 15 of its
+    # 126 steps cross hosts, the other 96 pass inside a host at latency_shm.
+    def step(latency_shm):
+        text = simulate.config_text(LAYERS, 64, 1.25e9, 2e-6, "horovod", ranks_per_host=4, allreduce="ring",
+                                    hierarchical=False, latency_shm=latency_shm)
+        return text, simulate.run_config(text, sim_binary)["step_s"]
+    text, fast = step(2e-6)
+    slow_text, slow = step(200e-6)
+    assert "alpha_shm 2e-06" in text and "alpha_shm 0.0002" in slow_text
+    assert "alpha_shm" not in simulate.config_text(LAYERS, 64, 1.25e9, 2e-6, "horovod")
+    assert slow > fast + 96 * 198e-6 * 0.9  # at least one allreduce's 96 inside steps, exposed after the last layer
+
+
 def test_measured_variance_file():
     record = json.loads(simulate.VARIANCE_FILE.read_text())
     series = record["step_s_per_series"]

@@ -111,6 +111,17 @@ def test_command_line_writes_json_lines_and_png(binary, tmp_path, capsys, monkey
     assert png.stat().st_size > 1000 and len(out.read_text().splitlines()) == 4
 
 
+def test_latency_shm_reaches_the_flat_ring(binary, capsys, monkeypatch):
+    monkeypatch.setenv("MLSL_SIM_BINARY", binary)
+    steps = []
+    for shm in ("1us", "300us"):
+        assert simulate.main(["--model", "resnet50", "--nodes", "64", "--policies", "horovod", "--flat",
+                              "--ranks-per-host", "4", "--allreduce", "ring", "--variance", "0",
+                              "--latency-shm", shm]) == 0
+        steps.append(json.loads(capsys.readouterr().out.splitlines()[-1])["step_s"])
+    assert steps[1] > steps[0] * 1.01, steps
+
+
 def test_help_gives_every_options_default(capsys):
     with pytest.raises(SystemExit) as e:
         simulate.main(["--help"])
@@ -129,6 +140,7 @@ def test_help_gives_every_options_default(capsys):
     (["--nodes", "0,8"], "argument --nodes: node counts must be >= 1"),
     (["--link", "fast"], "argument --link: not a rate: 'fast'"),
     (["--latency", "soon"], "argument --latency: not a time: 'soon'"),
+    (["--latency-shm", "later"], "argument --latency-shm: not a time: 'later'"),
     (["--policies", "fifo,magic"], "argument --policies: unknown policy magic; the policies are horovod, fifo"),
     (["--steps", "3"], "argument --steps: 3 must be >= 4"),
     (["--batch", "1.5"], "argument --batch: not an integer: '1.5'"),

@@ -50,11 +50,9 @@ def test_autotune_and_its_grid_run_only_when_named():
     assert not set(training.AUTOTUNE_CONFIGS) & set(training.parse([]).configs)
     assert training.parse(["--configs", "overlap,overlap_autotune,grid_inflight1_spin0"]).configs[1] == "overlap_autotune"
     assert training.parse(["--configs", "overlap,grid"]).configs == ["overlap"] + list(training.GRID)
-    # the controls: autotune on with nothing to tune; the defaults after the search's warm-up length
+    # the control: autotune on with nothing to tune
     _, env = training.job_argv(_ns(), "resnet50", "overlap_autotune_fixed", [])
     assert (env["MLSL_TF_AUTOTUNE"], env["MLSL_TF_INFLIGHT"], env["MLSL_TF_SPIN_US"]) == ("1", "4", "200")
-    _, env = training.job_argv(_ns(), "resnet50", "overlap_warm100", [])
-    assert "MLSL_TF_AUTOTUNE" not in env and "overlap_warm100" not in training.TUNING_CONFIGS
 
 
 def test_unbound_configurations_leave_threads_where_the_kernel_puts_them():

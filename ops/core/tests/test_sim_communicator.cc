@@ -92,11 +92,12 @@ TEST(sim_allreduce_flat_shares_the_hosts_link) {
   CHECK_NEAR(c.link, 2 * 4 * n * f.beta);
   CHECK_NEAR(c.latency, 2 * f.alpha + 2 * (f.alpha_shm + n * f.beta_shm));
   // Ring over all 16 ranks (NCCL's over several GPUs a server): each host's link crossed once
-  // each way, 2 (p-1) steps.
+  // each way; of its 2 (p-1) = 30 steps, 2 (4-1) through the network, 24 inside a host.
   f.allreduce = "ring";
+  f.alpha_shm = 0.25 * f.alpha;
   c = AllreduceCost(f, 1 << 20);
   CHECK_NEAR(c.link, 2.0 * 15 / 16 * n * f.beta);
-  CHECK_NEAR(c.latency, 2 * 15 * f.alpha);
+  CHECK_NEAR(c.latency, 2 * 3 * f.alpha + 2 * 12 * f.alpha_shm);
   // One rank per host: the same as the hierarchical form.
   SimFabric one = Fabric(16), flat = Fabric(16);
   flat.hierarchical = false;
