@@ -96,3 +96,26 @@ def comm_cpu(impl, cpu_by_name):
     """Sum of the communication threads' values in a {thread name or label: seconds} dict."""
     prefixes = COMM_PREFIXES.get(impl, ())
     return sum(v for k, v in cpu_by_name.items() if k.startswith(prefixes))
+
+
+def machine(cpuinfo=None, environ=None):
+    """Which machine a figure comes from: {'cpu': the model name, 'cores', 'avx512': whether the CPU
+    has AVX-512 (TensorFlow turns its oneDNN kernels on by default only on CPUs with AVX-512-class
+    features; without them it runs Eigen's, several times slower on convolutions here),
+    'tf_enable_onednn_opts': TF_ENABLE_ONEDNN_OPTS as set, or None (TensorFlow's default)}.
+    cpuinfo: /proc/cpuinfo's text (read when None)."""
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read()
+        except OSError:
+            cpuinfo = ""
+    fields = {}
+    for line in cpuinfo.splitlines():
+        key, sep, value = line.partition(":")
+        if sep and key.strip() not in fields:
+            fields[key.strip()] = value.strip()
+    env = os.environ if environ is None else environ
+    return {"cpu": fields.get("model name", "unknown"), "cores": os.cpu_count(),
+            "avx512": "avx512f" in fields.get("flags", "").split(),
+            "tf_enable_onednn_opts": env.get("TF_ENABLE_ONEDNN_OPTS")}

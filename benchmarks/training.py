@@ -61,7 +61,7 @@ Limits (limits() below has the exact definitions): limit_step_s = max(compute, c
 cpu_limit_step_s = max(link time, compute + communication CPU / cores), each from the jobs of
 the same runs; efficiency and cpu_efficiency = limit / step. JSON lines: one per job, then one
 per (model, link, config) with the medians over runs, limits and ratios to Horovod and MWMS's
-better form. --markdown prints the README table from those lines; --plot draws the medians as
+better form, and the machine (CPU model, cores, AVX-512 or not, TF_ENABLE_ONEDNN_OPTS). --markdown prints the README table from those lines; --plot draws the medians as
 bars; --timeline-png draws rank 0's timeline of two consecutive steps of the first overlap job
 (ResNet-50 at the first link): each gradient's start (backward produced it), its chunks on the
 wire, and its take (the next forward pass reached its layer).
@@ -134,6 +134,7 @@ COMPUTE_OF.update(overlap_unbound=("compute_unbound", "compute"),
 MIXED_BF16_CONFIGS = ("overlap_mixed_bf16", "compute_mixed_bf16")  # Keras 3's mixed_bfloat16 policy
 MWMS_PORT_BASE = 23400  # MWMS jobs on emulated hosts: a fresh port each (no TIME_WAIT reuse)
 CORES = os.cpu_count() or 2  # the cores the ranks of a job share (all on this machine)
+MACHINE = cpu_cost.machine()  # in every summary row: which machine the figures come from
 LAUNCHER_ENV = ("PMI_", "PMIX_", "HYD", "MPI_LOCAL", "OMPI_")  # what a nested launcher must not inherit
 
 
@@ -575,7 +576,7 @@ def summarize(results, ns, quiet=False):
     for (model, link, config), rows in results.items():
         ok = [r for r in rows if "error" not in r]
         row = {"model": model, "link": link, "config": config, "runs": len(ok), "cpu_hog": getattr(ns, "cpu_hog", 0),
-               "errors": [r["error"] for r in rows if "error" in r]}
+               "errors": [r["error"] for r in rows if "error" in r], "machine": MACHINE}
         if ok:
             for field in MEDIAN_FIELDS:
                 if all(field in r for r in ok):

@@ -92,6 +92,18 @@ def test_horovod_built_against_open_mpi_runs_under_its_mpirun_over_tcp(tmp_path)
     assert not training.is_open_mpi(str(tmp_path / "missing"))
 
 
+def test_summary_rows_name_the_machine(capsys):
+    intel = "processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8375C\nflags\t\t: fpu avx2 avx512f avx512_vnni\n"
+    amd = "processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu avx avx2 fma\nprocessor\t: 1\nmodel name\t: other\n"
+    assert cpu_cost.machine(intel, {}) == {"cpu": "Intel(R) Xeon(R) Platinum 8375C", "cores": os.cpu_count(),
+                                           "avx512": True, "tf_enable_onednn_opts": None}
+    m = cpu_cost.machine(amd, {"TF_ENABLE_ONEDNN_OPTS": "1"})
+    assert (m["cpu"], m["avx512"], m["tf_enable_onednn_opts"]) == ("AMD EPYC", False, "1")
+    rows = {("resnet50", "2gbit", c): [{"step_s": 0.5, "samples_per_s": 64.0}] for c in ("compute", "overlap")}
+    for row in training.summarize(rows, _ns(), quiet=True):
+        assert row["machine"] == cpu_cost.machine() and row["machine"]["cores"] == os.cpu_count()
+
+
 def test_horovod_efficiency_against_its_own_compute_when_measured(capsys):
     rows = {("resnet50", "10gbit", c): [{"step_s": s, "samples_per_s": 32 / s}]
             for c, s in [("compute", 0.6), ("comm", 0.2), ("overlap", 0.75), ("horovod", 0.7),
