@@ -308,16 +308,14 @@ def build_parser():
     p.add_argument("--latency", default="1us", type=_checked(parse_seconds),
                    help="alpha: per-message latency between hosts, e.g. 1us, 2.5ms (default: %(default)s)")
     p.add_argument("--latency-shm", type=_checked(parse_seconds),
-                   help="per-message latency between ranks of one host, e.g. 5.7us (default: the simulator's, "
-                   "0.3us, shared memory)")
+                   help="per-message latency between ranks of one host, e.g. 5.7us (default: 0.3us, shared memory)")
     p.add_argument("--ranks-per-host", type=_number(int, 1), default=1,
                    help="ranks sharing one host's link (default: %(default)s)")
     p.add_argument("--policies", default=",".join(POLICIES), type=_policy_list,
                    help="comma-separated policies to compare (default: %(default)s)")
     p.add_argument("--batch", type=_number(int, 1), default=64, help="images per node per step (default: %(default)s)")
-    p.add_argument("--images-per-s", type=_number(float, 0, strict=True), default=100.0,
-                   help="one node's training throughput; the default, %(default)s, is a 2-socket Xeon Gold 6148 "
-                   "on ResNet-50 fp32")
+    p.add_argument("--images-per-s", type=_number(float, 0, strict=True), default=100.0, help="one node's "
+                   "training throughput; the default, %(default)s, is a 2-socket Xeon Gold 6148 on ResNet-50 fp32")
     p.add_argument("--step-compute", type=_number(float, 0, strict=True),
                    help="seconds of compute per step; overrides --batch / --images-per-s (default: unset)")
     p.add_argument("--measure", action="store_true",

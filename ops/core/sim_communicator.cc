@@ -134,7 +134,6 @@ double SendBeta(const SimFabric& f, int senders) {
   if (f.shared_cores <= 0 || f.cpu_beta <= 0) return f.beta;
   return std::max(f.beta, f.cpu_beta * std::max(1.0, double(senders) / f.shared_cores));
 }
-
 bool OnThread(const SimFabric& f, double beta) { return f.thread_progress || beta > f.beta; }
 
 std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
@@ -147,12 +146,9 @@ std::string AllreduceAlgorithm(const SimFabric& f, int64_t bytes) {
 
 // hierarchical false, r > 1 ranks to a host: one algorithm over every rank (AllreduceCost).
 static SimCost FlatAcrossHosts(const SimFabric& f, const std::string& algorithm, int r, double n) {
-  if (algorithm == "ring") {
-    // Of the ring's 2 (p-1) steps, 2 (h-1) go through a host's network link and the rest pass
-    // between ranks of one host (as NCCL's tuning model counts a ring over several servers).
+  if (algorithm == "ring") {  // of its 2 (p-1) steps, 2 (hosts-1) cross hosts (as NCCL's model counts)
     SimCost c = FlatAllreduce(f, "ring", f.ranks, n);
-    const int hosts = (f.ranks + r - 1) / r;
-    c.latency += 2.0 * (f.ranks - hosts) * (f.alpha_shm - f.alpha);
+    c.latency += 2.0 * (f.ranks - (f.ranks + r - 1) / r) * (f.alpha_shm - f.alpha);
     return c;
   }
   const int inside = Log2Ceil(r);
