@@ -206,7 +206,8 @@ def test_keras_example_loses_a_worker_and_grows_back(tmp_path):
     recs, killed, err = _example(tmp_path, "killed", script, kill=True)
     baseline, _, _ = _example(tmp_path, "baseline", script, kill=False)
     resumes = [(r["generation"], r["size"]) for r in recs if r["event"] == "resume"]
-    assert resumes == [(1, 3), (2, 2), (3, 3)], resumes
+    said = "\n".join(line for line in err.splitlines() if "mlslrun" in line)
+    assert resumes == [(1, 3), (2, 2), (3, 3)], f"{resumes}; mlslrun said:\n{said}"
     assert "blacklisted for" in err
     generations = sorted({r["generation"] for r in recs})
     for g in generations[1:]:
