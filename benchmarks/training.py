@@ -61,8 +61,9 @@ Limits (limits() below has the exact definitions): limit_step_s = max(compute, c
 cpu_limit_step_s = max(link time, compute + communication CPU / cores), each from the jobs of
 the same runs; efficiency and cpu_efficiency = limit / step. JSON lines: one per job, then one
 per (model, link, config) with the medians over runs, limits and ratios to Horovod and MWMS's
-better form, and the machine (CPU model, cores, AVX-512 or not, TF_ENABLE_ONEDNN_OPTS). --markdown prints the README table from those lines; --plot draws the medians as
-bars; --timeline-png draws rank 0's timeline of two consecutive steps of the first overlap job
+better form, and the machine (CPU model, cores, AVX-512 or not, TF_ENABLE_ONEDNN_OPTS).
+--markdown prints the README table from those lines; --plot draws the medians as bars;
+--timeline-png draws rank 0's timeline of two consecutive steps of the first overlap job
 (ResNet-50 at the first link): each gradient's start (backward produced it), its chunks on the
 wire, and its take (the next forward pass reached its layer).
 """
